@@ -1,0 +1,130 @@
+"""One typed settings object: a TOML file plus environment overrides, built once and passed in.
+
+Environment (each overrides the file):
+  BARREL_INFERENCE_CONFIG          path of the TOML file
+  BARREL_INFERENCE_HOST            bind address, "host", "host:port" or "http://host:port"
+  BARREL_INFERENCE_PORT            bind port
+  BARREL_INFERENCE_MODEL_CACHE_DIR where manifests and blobs live
+  BARREL_INFERENCE_RUNTIME_DIR     where worker ipc sockets live
+  BARREL_INFERENCE_LOG_LEVEL / BARREL_INFERENCE_LOG_JSON
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import msgspec
+
+ENV_PREFIX = "BARREL_INFERENCE_"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Per-model engine settings; None means "the loader's / model's value"."""
+
+    n_seq_max: int | None = None
+    n_ctx: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    threads: int | None = None
+    prefill_chunk: int | None = None
+    chat_template: str | None = None  # a built-in template name or Jinja text
+    endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+
+    def merged(self, over: "ModelSettings | None") -> "ModelSettings":
+        if over is None:
+            return self
+        fields = {f: getattr(over, f) if getattr(over, f) is not None else getattr(self, f) for f in self.__struct_fields__}
+        return ModelSettings(**fields)
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    model_cache_dir: str | None = None
+    runtime_dir: str | None = None
+    aliases: dict[str, str] = {}
+    # defaults for every model, then per-model overrides keyed by registry name
+    defaults: ModelSettings = msgspec.field(
+        default_factory=lambda: ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
+    )
+    models: dict[str, ModelSettings] = {}
+    preload: list[str] = []  # models to start with the daemon
+    default_model: str = "gemma3:270m"
+    embed_default_model: bool = True  # register the packaged Gemma 3 270M when no model exists
+    max_queue: int = 256  # waiting requests per model before 503 overloaded
+    worker_start_timeout: float = 120.0
+    log_level: str = "info"
+    log_json: bool = True
+
+    # ---- derived --------------------------------------------------------------------
+    def cache_dir(self) -> Path:
+        if self.model_cache_dir:
+            return Path(self.model_cache_dir).expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        if xdg:
+            return Path(xdg) / "barrel_inference_server" / "models"
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
+
+    def run_dir(self) -> Path:
+        if self.runtime_dir:
+            return Path(self.runtime_dir).expanduser()
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        if xdg:
+            return Path(xdg) / "barrel-inference"
+        return Path(f"/tmp/barrel-inference-{os.getuid()}")
+
+    def model_settings(self, name: str) -> ModelSettings:
+        return self.defaults.merged(self.models.get(name))
+
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def parse_host(value: str) -> tuple[str, int | None]:
+    """'h', 'h:p', 'http://h:p', '[::1]:p' -> (host, port or None)."""
+    value = value.strip()
+    if "://" not in value:
+        value = "http://" + value
+    parts = urlsplit(value)
+    return parts.hostname or DEFAULT_HOST, parts.port
+
+
+def _bool(v: str) -> bool:
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | None = None, **overrides) -> Settings:
+    """Build the settings once: file (explicit path, else $BARREL_INFERENCE_CONFIG), then env, then overrides."""
+    env = dict(os.environ if env is None else env)
+    data: dict = {}
+    path = path or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    if (v := env.get(ENV_PREFIX + "HOST")) is not None:
+        host, port = parse_host(v)
+        data["host"] = host
+        if port is not None:
+            data["port"] = port
+    if (v := env.get(ENV_PREFIX + "PORT")) is not None:
+        data["port"] = int(v)
+    for key in ("model_cache_dir", "runtime_dir", "log_level", "default_model"):
+        if (v := env.get(ENV_PREFIX + key.upper())) is not None:
+            data[key] = v
+    if (v := env.get(ENV_PREFIX + "LOG_JSON")) is not None:
+        data["log_json"] = _bool(v)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    defaults = Settings().defaults
+    if "defaults" in data:
+        data["defaults"] = msgspec.structs.asdict(defaults.merged(msgspec.convert(data["defaults"], ModelSettings)))
+    try:
+        return msgspec.convert(data, Settings)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid configuration: {exc}") from exc
