@@ -1,0 +1,264 @@
+"""The llama.cpp engine: the only module that imports llama_cpp.
+
+A thin, batch-oriented wrapper over llama-cpp-python's low-level API: one model, one context
+holding n_seq_max sequences in a unified KV cache, one reusable llama_batch, per-sequence
+sampler chains. The scheduler drives it; nothing here knows about requests or the link.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import llama_cpp as L
+
+from ..protocol import Sampling
+from .engine_api import EngineError
+
+_BACKEND_LOCK = threading.Lock()
+_BACKEND_READY = False
+
+
+def _backend_init() -> None:
+    global _BACKEND_READY
+    with _BACKEND_LOCK:
+        if not _BACKEND_READY:
+            L.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _BACKEND_READY = True
+
+
+@L.llama_log_callback
+def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
+    if os.environ.get("BARREL_INFERENCE_LLAMA_LOG") and text:
+        os.write(2, text)
+
+
+_QUIET_LOG = _quiet_log
+
+
+class Sampler:
+    """One sequence's sampler chain (owned; free() releases it)."""
+
+    __slots__ = ("chain",)
+
+    def __init__(self, chain):
+        self.chain = chain
+
+    def free(self) -> None:
+        if self.chain is not None:
+            L.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class LlamaEngine:
+    """Model + context + batch. Not thread-safe except tokenize/detokenize (vocab is read-only).
+
+    n_ctx is the limit of one sequence (prompt + output); the unified KV cache holds
+    n_ctx * n_seq_max cells so that no sequence is ever short of room because others run.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int = 8192,
+        n_seq_max: int = 4,
+        n_batch: int = 512,
+        n_ubatch: int | None = None,
+        threads: int | None = None,
+    ):
+        _backend_init()
+        mp = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(model_path.encode(), mp)
+        if not self.model:
+            raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.model)
+        self.n_ctx = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch or n_batch
+        self.threads = threads or max(1, os.cpu_count() or 1)
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self.n_swa = L.llama_model_n_swa(self.model) if hasattr(L, "llama_model_n_swa") else 0
+        self.bos = L.llama_vocab_bos(self.vocab)
+        self.eos = L.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        tmpl = L.llama_model_chat_template(self.model, None)
+        self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog = [False] * self.n_vocab
+        for t in range(self.n_vocab):
+            if L.llama_vocab_is_eog(self.vocab, t):
+                self._eog[t] = True
+        self.ctx = None
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._create_context()
+
+    # ---- metadata -----------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.piece(token, special=True).decode("utf-8", "replace")
+
+    # ---- context ------------------------------------------------------------------------
+    def _create_context(self) -> None:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = self.n_ctx * self.n_seq_max  # unified KV: every sequence can reach n_ctx
+        cp.n_batch = self.n_batch
+        cp.n_ubatch = self.n_ubatch
+        cp.n_seq_max = self.n_seq_max
+        cp.n_threads = self.threads
+        cp.n_threads_batch = self.threads
+        cp.kv_unified = True
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise EngineError("internal", "llama.cpp could not create a context (out of memory?)")
+        self.mem = L.llama_get_memory(self.ctx)
+
+    def recreate_context(self) -> None:
+        """After a failed decode: a fresh context, every sequence empty."""
+        if self.ctx:
+            L.llama_free(self.ctx)
+        self.ctx = None
+        self._create_context()
+
+    def close(self) -> None:
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None
+
+    # ---- tokens -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; control tokens render empty unless special."""
+        key = token if not special else -token - 1
+        cached = self._piece_cache.get(key)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        out = buf.raw[:n]
+        self._piece_cache[key] = out
+        return out
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab and self._eog[token]
+
+    # ---- batch + decode -----------------------------------------------------------------
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> int:
+        """Decode one batch; returns llama_decode's status (0 = ok)."""
+        b = self.batch
+        n = len(tokens)
+        tok, p, nsid, sid, lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            p[i] = pos[i]
+            nsid[i] = 1
+            sid[i][0] = seqs[i]
+            lg[i] = logits[i]
+        b.n_tokens = n
+        return L.llama_decode(self.ctx, b)
+
+    # ---- KV memory ----------------------------------------------------------------------
+    def seq_clear(self, seq: int) -> None:
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def seq_truncate(self, seq: int, keep: int) -> bool:
+        """Drop positions >= keep; False when the cache cannot (then clear the sequence)."""
+        return bool(L.llama_memory_seq_rm(self.mem, seq, keep, -1))
+
+    def seq_pos_min(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_min(self.mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_max(self.mem, seq)
+
+    def can_continue(self, seq: int, n_past: int) -> bool:
+        """After truncating to n_past: does the cache still hold what new tokens attend to?
+
+        Sliding-window layers drop cells older than the window, so a sequence cut far back
+        may lack them; then the prompt must be recomputed.
+        """
+        pos_min = self.seq_pos_min(seq)
+        return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
+
+    # ---- sampling -----------------------------------------------------------------------
+    def grammar_from_schema(self, schema: dict) -> str:
+        from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+        import json
+
+        if not schema:
+            return JSON_GBNF
+        try:
+            return json_schema_to_gbnf(json.dumps(schema))
+        except Exception as exc:  # the converter raises plain exceptions on unsupported schemas
+            raise EngineError("grammar_error", f"response_format JSON schema cannot be enforced: {exc}") from exc
+
+    def make_sampler(self, s: Sampling, grammar: str | None = None) -> Sampler:
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        sampler = Sampler(chain)
+        add = lambda smpl: L.llama_sampler_chain_add(chain, smpl)  # noqa: E731
+        if s.logit_bias:
+            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
+            arr = (L.llama_logit_bias * len(items))()
+            for i, (t, bias) in enumerate(items):
+                arr[i].token = t
+                arr[i].bias = bias
+            add(L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
+        if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+            add(L.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
+        if grammar is not None:
+            g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+            if not g:
+                sampler.free()
+                raise EngineError("grammar_error", "the grammar could not be parsed")
+            add(g)
+        if s.temperature <= 0:
+            add(L.llama_sampler_init_greedy())
+        else:
+            if s.top_k > 0:
+                add(L.llama_sampler_init_top_k(s.top_k))
+            if s.top_p < 1.0:
+                add(L.llama_sampler_init_top_p(s.top_p, 1))
+            if s.min_p > 0.0:
+                add(L.llama_sampler_init_min_p(s.min_p, 1))
+            add(L.llama_sampler_init_temp(s.temperature))
+            seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
+            add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return sampler
+
+    def sample(self, sampler: Sampler, idx: int) -> int:
+        """Sample from the logits of batch row idx; the chain accepts the token."""
+        return L.llama_sampler_sample(sampler.chain, self.ctx, idx)

@@ -1,0 +1,80 @@
+"""One generation request's state inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from ..protocol import Delta, Done, ErrorInfo, FinishReason, Timings, Usage
+from .detok import IncrementalDetokenizer
+from .stops import StopMatcher
+
+
+class Phase(enum.Enum):
+    WAITING = 0
+    PREFILL = 1
+    DECODE = 2
+    DONE = 3
+
+
+class Request:
+    __slots__ = (
+        "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
+        "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
+        "detok", "stops", "pending_text", "pending_tokens", "pending_n", "history",
+        "t_submit", "t_start", "t_first", "t_end",
+    )  # fmt: skip
+
+    def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
+                 stop: list[str], ignore_eos: bool, want_tokens: bool, piece):
+        self.id = id
+        self.peer = peer
+        self.prompt = prompt
+        self.sampling = sampling
+        self.grammar = grammar
+        self.max_tokens = max_tokens
+        self.session = session
+        self.ignore_eos = ignore_eos
+        self.want_tokens = want_tokens
+        self.phase = Phase.WAITING
+        self.seq = -1
+        self.sampler = None
+        self.n_past = 0  # tokens of this request's sequence in the KV cache
+        self.n_cached = 0  # prompt tokens found already in the KV cache (session reuse)
+        self.last_token = -1
+        self.generated = 0
+        self.row = -1  # batch row whose logits belong to this request, this tick
+        self.detok = IncrementalDetokenizer(piece)
+        self.stops = StopMatcher(stop)
+        self.pending_text: list[str] = []
+        self.pending_tokens: list[int] = []
+        self.pending_n = 0
+        self.history: list[int] = []  # generated tokens that are in the KV cache
+        self.t_submit = time.perf_counter()
+        self.t_start = 0.0
+        self.t_first = 0.0
+        self.t_end = 0.0
+
+    # ---- output -------------------------------------------------------------------------
+    def take_delta(self) -> Delta | None:
+        if not self.pending_text and not self.pending_n:
+            return None
+        d = Delta(self.id, "".join(self.pending_text), self.pending_tokens if self.want_tokens else [], self.pending_n)
+        self.pending_text = []
+        self.pending_tokens = []
+        self.pending_n = 0
+        return d
+
+    def done(self, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None) -> Done:
+        now = time.perf_counter()
+        self.t_end = now
+        self.phase = Phase.DONE
+        start = self.t_start or now
+        first = self.t_first or now
+        timings = Timings(
+            queue_ms=(start - self.t_submit) * 1000.0,
+            prefill_ms=(first - start) * 1000.0 if self.t_start else 0.0,
+            decode_ms=(now - first) * 1000.0 if self.t_first else 0.0,
+        )
+        usage = Usage(len(self.prompt), self.generated, self.n_cached)
+        return Done(self.id, reason, stop, usage, timings, error)

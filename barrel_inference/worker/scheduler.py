@@ -1,0 +1,298 @@
+"""Continuous batching: the scheduler loop, on its own thread.
+
+Each tick builds ONE batch: the next token of every decoding sequence, then a chunk of each
+prefilling prompt (at most `prefill_chunk` tokens each, within n_batch), decodes it once and
+samples every sequence whose logits came out. A request that arrives while others stream joins
+the next tick; an abort frees its sequence at the start of the next tick.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from ..protocol import Done, ErrorCode, ErrorInfo, FinishReason, Tick
+from .engine_api import Engine, EngineError
+from .profile import TickProfile
+from .request import Phase, Request
+from .seqpool import SeqPool
+
+Emit = Callable[[bytes, Tick], None]
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 256, log=None):
+        self.engine = engine
+        self.emit = emit
+        self.n_ctx = n_ctx  # per-sequence limit: prompt + generated tokens
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.n_batch = engine.n_batch
+        self.pool = SeqPool(engine.n_seq_max)
+        self.log = log or (lambda *a, **k: None)
+        self.profile = TickProfile()
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []  # admission order
+        self._inbox: deque = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.n_requests = 0
+        self.n_decode_failures = 0
+
+    # ---- called from other threads ------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self._post(("submit", req))
+
+    def abort(self, ids: list[str]) -> None:
+        self._post(("abort", ids))
+
+    def end_session(self, session: str) -> None:
+        self._post(("end_session", session))
+
+    def _post(self, item) -> None:
+        with self._cond:
+            self._inbox.append(item)
+            self._cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def n_running(self) -> int:
+        return len(self.active)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inbox and not self._stop and not self.active and not self.waiting:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                items = list(self._inbox)
+                self._inbox.clear()
+            out: dict[bytes, Tick] = {}
+            self._apply(items, out)
+            self._admit(out)
+            if self.active:
+                self._tick(out)
+            self._send(out)
+        self._shutdown()
+
+    def _apply(self, items, out) -> None:
+        for kind, arg in items:
+            if kind == "submit":
+                self.waiting.append(arg)
+                self.n_requests += 1
+            elif kind == "abort":
+                ids = set(arg)
+                for r in [r for r in self.waiting if r.id in ids]:
+                    self.waiting.remove(r)
+                    self._finish(r, out, FinishReason.ABORT)
+                for r in [r for r in self.active if r.id in ids]:
+                    self._finish(r, out, FinishReason.ABORT)
+            elif kind == "end_session":
+                seq = self.pool.end_session(arg)
+                if seq is not None:
+                    self.engine.seq_clear(seq)
+        self.active = [r for r in self.active if r.phase is not Phase.DONE]
+
+    def _admit(self, out) -> None:
+        while self.waiting:
+            req = self.waiting[0]
+            lease = self.pool.acquire(req.session)
+            if lease is None:
+                return
+            self.waiting.popleft()
+            req.seq = lease.seq
+            try:
+                req.sampler = self.engine.make_sampler(req.sampling, req.grammar)
+            except EngineError as exc:
+                self._release_seq(req.seq, None)
+                req.seq = -1
+                self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(ErrorCode(exc.code), str(exc)))
+                continue
+            req.n_past = self._reuse_prefix(req, lease.cached)
+            req.n_cached = req.n_past
+            req.phase = Phase.PREFILL
+            req.t_start = time.perf_counter()
+            self.active.append(req)
+
+    def _reuse_prefix(self, req: Request, cached: list[int]) -> int:
+        """Keep the longest common prefix of the seq's cached tokens and the prompt (at least one
+        prompt token is always decoded, for its logits). Returns how many tokens were kept."""
+        k = 0
+        limit = min(len(cached), len(req.prompt) - 1)
+        while k < limit and cached[k] == req.prompt[k]:
+            k += 1
+        if k == 0 or not self.engine.seq_truncate(req.seq, k) or not self.engine.can_continue(req.seq, k):
+            self.engine.seq_clear(req.seq)
+            return 0
+        return k
+
+    def _tick(self, out) -> None:
+        prof = self.profile
+        t0 = time.perf_counter()
+        tokens: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        logits: list[bool] = []
+        for r in self.active:
+            r.row = -1
+            if r.phase is Phase.DECODE:
+                r.row = len(tokens)
+                tokens.append(r.last_token)
+                pos.append(r.n_past)
+                seqs.append(r.seq)
+                logits.append(True)
+        n_decode = len(tokens)
+        budget = self.n_batch - n_decode
+        chunks: list[tuple[Request, int]] = []
+        for r in self.active:
+            if r.phase is not Phase.PREFILL or budget <= 0:
+                continue
+            take = min(self.prefill_chunk, budget, len(r.prompt) - r.n_past)
+            start = r.n_past
+            for i in range(take):
+                tokens.append(r.prompt[start + i])
+                pos.append(start + i)
+                seqs.append(r.seq)
+                logits.append(False)
+            if start + take == len(r.prompt):
+                logits[-1] = True
+                r.row = len(tokens) - 1
+            chunks.append((r, take))
+            budget -= take
+        t1 = time.perf_counter()
+        status = self.engine.decode(tokens, pos, seqs, logits)
+        t2 = time.perf_counter()
+        if status != 0:
+            self._decode_failed(status, out)
+            return
+        for r in self.active:
+            if r.phase is Phase.DECODE:
+                r.n_past += 1
+                r.history.append(r.last_token)
+        for r, take in chunks:
+            r.n_past += take
+        sampled: list[tuple[Request, int]] = []
+        for r in self.active:
+            if r.row >= 0:
+                sampled.append((r, self.engine.sample(r.sampler, r.row)))
+        t3 = time.perf_counter()
+        for r, tok in sampled:
+            self._on_token(r, tok, out)
+        self.active = [r for r in self.active if r.phase is not Phase.DONE]
+        t4 = time.perf_counter()
+        prof.add(build=t1 - t0, decode=t2 - t1, sample=t3 - t2, detok=t4 - t3,
+                 n_tokens=len(tokens), n_decode=n_decode, n_prefill=len(tokens) - n_decode)  # fmt: skip
+
+    def _on_token(self, r: Request, tok: int, out) -> None:
+        if r.phase is Phase.PREFILL:
+            r.phase = Phase.DECODE
+            r.t_first = time.perf_counter()
+        r.generated += 1
+        if not r.ignore_eos and self.engine.is_eog(tok):
+            self._finish(r, out, FinishReason.STOP)
+            return
+        r.pending_n += 1
+        if r.want_tokens:
+            r.pending_tokens.append(tok)
+        text, stop = r.stops.push(r.detok.feed(tok))
+        if text:
+            r.pending_text.append(text)
+        if stop is not None:
+            self._finish(r, out, FinishReason.STOP, stop=stop)
+        elif r.max_tokens is not None and r.generated >= r.max_tokens:
+            self._finish(r, out, FinishReason.LENGTH)
+        elif r.n_past + 1 >= self.n_ctx:
+            self._finish(r, out, FinishReason.LENGTH)
+        else:
+            r.last_token = tok
+
+    # ---- endings ------------------------------------------------------------------------
+    def _finish(self, r: Request, out, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None):
+        if reason in (FinishReason.STOP, FinishReason.LENGTH) and stop is None:
+            tail = r.stops.flush() + r.detok.flush()
+            if tail:
+                r.pending_text.append(tail)
+        tick = out.setdefault(r.peer, Tick([], []))
+        if reason is not FinishReason.ABORT and reason is not FinishReason.ERROR:
+            d = r.take_delta()
+            if d is not None:
+                tick.deltas.append(d)
+        tick.done.append(r.done(reason, stop, error))
+        if r.sampler is not None:
+            r.sampler.free()
+            r.sampler = None
+        if r.seq >= 0:
+            keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None
+            self._release_seq(r.seq, keep)
+            r.seq = -1
+        self.log("request_done", id=r.id, reason=reason.value, prompt=len(r.prompt), generated=r.generated)
+
+    def _release_seq(self, seq: int, tokens: list[int] | None) -> None:
+        if self.pool.release(seq, tokens):
+            self.engine.seq_clear(seq)
+
+    def _decode_failed(self, status: int, out) -> None:
+        """llama_decode failed: fail only the requests in flight, recreate the context."""
+        self.n_decode_failures += 1
+        self.log("decode_failed", status=status, in_flight=len(self.active))
+        err = ErrorInfo(ErrorCode.DECODE_FAILED, f"llama_decode failed with status {status}; the context was recreated", retryable=True)
+        for r in self.active:
+            r.seq = -1  # the whole context goes: nothing to release per sequence
+            self._finish(r, out, FinishReason.ERROR, error=err)
+        self.active = []
+        self.pool.reset()
+        self.engine.recreate_context()
+
+    def _send(self, out: dict[bytes, Tick]) -> None:
+        t0 = time.perf_counter()
+        for r in self.active:
+            d = r.take_delta()
+            if d is not None:
+                out.setdefault(r.peer, Tick([], [])).deltas.append(d)
+        for peer, tick in out.items():
+            self.emit(peer, tick)
+        self.profile.add_send(time.perf_counter() - t0)
+
+    def _shutdown(self) -> None:
+        out: dict[bytes, Tick] = {}
+        for r in list(self.waiting) + self.active:
+            self._finish(r, out, FinishReason.ABORT)
+        self.waiting.clear()
+        self.active = []
+        self._send(out)
+
+    def stats(self) -> dict:
+        return {
+            "running": self.n_running,
+            "waiting": self.n_waiting,
+            "n_seq_max": len(self.pool),
+            "seqs_busy": self.pool.n_busy,
+            "requests_total": self.n_requests,
+            "decode_failures": self.n_decode_failures,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "prefill_chunk": self.prefill_chunk,
+            "profile": self.profile.as_dict(),
+        }
+
+
+def error_done(req_id: str, code: ErrorCode, message: str, param: str | None = None) -> Done:
+    return Done(req_id, FinishReason.ERROR, error=ErrorInfo(code, message, param=param))

@@ -1,0 +1,186 @@
+"""The worker's link end: a ZeroMQ ROUTER that gateways connect to.
+
+The main thread owns the ROUTER; the scheduler thread hands its ticks over an inproc PUSH/PULL
+pair (ZeroMQ sockets are not shared between threads). Calls (tokenize, render, stats) are
+answered here, beside the running decode.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from ..protocol import (
+    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, ErrorCode, ErrorInfo, Hello, Ping, Pong,
+    Submit, Tick, WorkerCodec,
+)  # fmt: skip
+from .engine_api import Engine
+from .prompt import PromptBuilder, PromptError
+from .request import Request
+from .scheduler import Scheduler, error_done
+from .templates import ChatTemplate, TemplateError
+
+_OUT = "inproc://ticks"
+
+
+class WorkerServer:
+    def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
+                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+        self.engine = engine
+        self.template = template
+        self.model = model
+        self.bind = bind
+        self.n_ctx = n_ctx
+        self.log = log or (lambda *a, **k: None)
+        self.codec = WorkerCodec()
+        self.zctx = zmq.Context.instance()
+        self._local = threading.local()
+        self.prompts = PromptBuilder(engine, template, n_ctx, model)
+        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
+        self._stop = threading.Event()
+
+    # ---- scheduler thread side ------------------------------------------------------------
+    def _emit(self, peer: bytes, tick: Tick) -> None:
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self.zctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(_OUT)
+            self._local.push = sock
+        enc = getattr(self._local, "enc", None)
+        if enc is None:
+            enc = self._local.enc = msgspec.msgpack.Encoder()
+        sock.send_multipart([peer, enc.encode(tick)], copy=False)
+
+    # ---- main thread --------------------------------------------------------------------
+    def hello(self) -> Hello:
+        e = self.engine
+        return Hello(
+            protocol_version=PROTOCOL_VERSION,
+            model=self.model,
+            architecture=e.architecture,
+            n_ctx=self.n_ctx,
+            n_ctx_train=e.n_ctx_train,
+            n_seq_max=e.n_seq_max,
+            n_vocab=e.n_vocab,
+            chat_template=self.template.name,
+            chat_template_source=self.template.source,
+            bos_token=self.template.bos_token,
+            eos_token=self.template.eos_token,
+            pid=os.getpid(),
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve(self) -> None:
+        if self.bind.startswith("ipc://"):
+            path = Path(self.bind[len("ipc://") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        router = self.zctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.bind(self.bind)
+        pull = self.zctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.bind(_OUT)
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(pull, zmq.POLLIN)
+        self.scheduler.start()
+        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(200))
+                if pull in events:
+                    while True:
+                        try:
+                            frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        router.send_multipart(frames, copy=False)
+                if router in events:
+                    while True:
+                        try:
+                            peer, body = router.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        except ValueError:
+                            continue  # a peer sent an unexpected frame count
+                        reply = self.handle(peer, body)
+                        if reply is not None:
+                            router.send_multipart([peer, self.codec.encode(reply)])
+        finally:
+            self.scheduler.stop()
+            # forward the final aborts the scheduler emitted on shutdown
+            while True:
+                try:
+                    router.send_multipart(pull.recv_multipart(zmq.NOBLOCK), zmq.NOBLOCK)
+                except (zmq.Again, zmq.ZMQError):
+                    break
+            router.close(0)
+            pull.close(0)
+            if self.bind.startswith("ipc://"):
+                Path(self.bind[len("ipc://") :]).unlink(missing_ok=True)
+
+    def handle(self, peer: bytes, body: bytes):
+        try:
+            msg = self.codec.decode(body)
+        except msgspec.DecodeError as exc:
+            self.log("bad_message", error=str(exc))
+            return None
+        if isinstance(msg, Submit):
+            return self._submit(peer, msg)
+        if isinstance(msg, Abort):
+            self.scheduler.abort(msg.ids)
+            return None
+        if isinstance(msg, Call):
+            return self._call(msg)
+        if isinstance(msg, Ping):
+            return Pong(msg.nonce, self.scheduler.n_running, self.scheduler.n_waiting)
+        if isinstance(msg, Connect):
+            return self.hello()
+        if isinstance(msg, EndSession):
+            self.scheduler.end_session(msg.session)
+        return None
+
+    def _submit(self, peer: bytes, msg: Submit):
+        if msg.max_tokens is not None and msg.max_tokens < 1:
+            return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        try:
+            tokens = self.prompts.tokens(msg)
+            grammar = self.prompts.grammar(msg)
+        except PromptError as exc:
+            return Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)])
+        req = Request(
+            msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
+            session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
+            piece=self.engine.piece,
+        )  # fmt: skip
+        self.scheduler.submit(req)
+        return None
+
+    def _call(self, msg: Call) -> CallResult:
+        e = self.engine
+        try:
+            if msg.op == "tokenize":
+                return CallResult(msg.id, tokens=e.tokenize(msg.text or "", msg.add_special, msg.parse_special))
+            if msg.op == "detokenize":
+                return CallResult(msg.id, text=e.detokenize(msg.tokens or []))
+            if msg.op == "render":
+                return CallResult(msg.id, text=self.prompts.render(msg.messages or [], msg.tools, msg.add_generation_prompt))
+            if msg.op == "count_tokens":
+                if msg.messages is not None:
+                    text = self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt)
+                    return CallResult(msg.id, count=len(self.prompts.tokenize_rendered(text)))
+                return CallResult(msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
+            if msg.op == "stats":
+                return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
+        except (PromptError, TemplateError) as exc:
+            return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
+        return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
