@@ -60,6 +60,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     worker_start_timeout: float = 120.0
     log_level: str = "info"
     log_json: bool = True
+    # model registry and fetch
+    max_context_size: int = 32768  # a model's n_ctx is its trained context clamped to this
+    hf_endpoint: str | None = None  # None: $HF_ENDPOINT, else https://huggingface.co
+    ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
+    ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
+    pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:
