@@ -1,0 +1,258 @@
+"""WorkerLink: the gateway's ZeroMQ DEALER to one worker's ROUTER.
+
+One receive loop decodes FromWorker messages and routes them: Hello to `connect`, Tick deltas and
+dones to per-request collectors (RequestStream), CallResult to waiting futures, anything at all
+counts as a sign of life for the heartbeat. Sends go through a queue drained by one writer task,
+so `submit` and `abort` never await (an abort can be sent from a cancelled task's cleanup).
+
+When the worker is lost (its process died, the heartbeat stopped, the link was closed) every
+in-flight request ends with Done(error=WORKER_UNAVAILABLE, retryable) and every call gets a
+CallResult with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any, Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from ..protocol import (
+    Abort,
+    Call,
+    CallResult,
+    Connect,
+    Done,
+    ErrorCode,
+    ErrorInfo,
+    FinishReason,
+    GatewayCodec,
+    Hello,
+    Ping,
+    Pong,
+    Submit,
+    Tick,
+    ToWorker,
+)
+from .collector import RequestStream
+from .errors import GatewayError, worker_unavailable
+
+CONNECT_RETRY_S = 1.0
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        name: str = "",
+        ctx: zmq.asyncio.Context | None = None,
+        heartbeat_interval: float | None = None,
+        heartbeat_timeout: float | None = None,
+        on_lost: Callable[["WorkerLink", str], None] | None = None,
+        logger: Any = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = name or endpoint
+        self.hello: Hello | None = None
+        self._ctx = ctx or zmq.asyncio.Context.instance()
+        self._codec = GatewayCodec()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._calls: dict[str, asyncio.Future[CallResult]] = {}
+        self._call_ids = itertools.count(1)
+        self._hello_waiter: asyncio.Future[Hello] | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._hb_interval = heartbeat_interval
+        self._hb_timeout = heartbeat_timeout
+        self._on_lost = on_lost
+        self._log = logger
+        self._last_seen = time.monotonic()
+        self._closed = False
+        self.lost_reason: str | None = None
+        self.last_pong: Pong | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.hello is not None and self.lost_reason is None and not self._closed
+
+    async def connect(self, timeout: float) -> Hello:
+        """Connect and send Connect until the worker says Hello (it may still be loading)."""
+        if self._sock is not None:
+            raise RuntimeError("connect() called twice")
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a completed connection
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        loop = asyncio.get_running_loop()
+        self._hello_waiter = loop.create_future()
+        self._tasks = [
+            asyncio.create_task(self._recv_loop(), name=f"link-recv-{self.name}"),
+            asyncio.create_task(self._send_loop(), name=f"link-send-{self.name}"),
+        ]
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                if self._outbox.empty():
+                    self._send(Connect(client="barrel-inference-gateway"))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise worker_unavailable(f"worker for {self.name} did not answer at {self.endpoint} within {timeout:g}s")
+                try:
+                    hello = await asyncio.wait_for(asyncio.shield(self._hello_waiter), min(CONNECT_RETRY_S, remaining))
+                    break
+                except asyncio.TimeoutError:
+                    continue
+        except BaseException:
+            await self.close()
+            raise
+        self._last_seen = time.monotonic()
+        if self._hb_interval and self._hb_timeout:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"link-hb-{self.name}"))
+        return hello
+
+    async def close(self, reason: str = "the link to the worker was closed") -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.fail_all(reason)
+        current = asyncio.current_task()
+        for t in self._tasks:
+            if t is not current:
+                t.cancel()
+        for t in self._tasks:
+            if t is not current:
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+        if self._sock is not None:
+            self._sock.close(linger=0)
+
+    def lose(self, reason: str) -> None:
+        """The worker is gone: fail everything in flight and tell the owner."""
+        if self.lost_reason is not None or self._closed:
+            return
+        self.lost_reason = reason
+        self.fail_all(reason)
+        if self._on_lost is not None:
+            self._on_lost(self, reason)
+
+    def fail_all(self, reason: str) -> None:
+        info = ErrorInfo(code=ErrorCode.WORKER_UNAVAILABLE, message=reason, retryable=True)
+        streams, self._streams = self._streams, {}
+        for rid, stream in streams.items():
+            stream.feed_done(Done(id=rid, finish_reason=FinishReason.ERROR, error=info))
+        calls, self._calls = self._calls, {}
+        for cid, fut in calls.items():
+            if not fut.done():
+                fut.set_result(CallResult(id=cid, error=info))
+
+    # ---- requests ---------------------------------------------------------------------
+    def in_flight(self) -> list[str]:
+        return list(self._streams)
+
+    def submit(self, submit: Submit) -> RequestStream:
+        self._check_alive()
+        if submit.id in self._streams:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"request id {submit.id!r} is already in flight")
+        stream = RequestStream(submit.id, self.abort)
+        self._streams[submit.id] = stream
+        self._send(submit)
+        return stream
+
+    def abort(self, ids: list[str]) -> None:
+        """Cancel requests; never awaits. Each one still ends with the worker's Done(abort)."""
+        ids = [i for i in ids if i in self._streams]
+        if ids and self.alive:
+            self._send(Abort(ids=ids))
+
+    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+        self._check_alive()
+        if not call.id or call.id in self._calls:
+            call = msgspec.structs.replace(call, id=f"call-{next(self._call_ids)}")
+        fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._calls[call.id] = fut
+        self._send(call)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise worker_unavailable(f"worker for {self.name} did not answer {call.op!r} within {timeout:g}s") from None
+        finally:
+            self._calls.pop(call.id, None)
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise worker_unavailable(self.lost_reason or f"worker for {self.name} is not connected")
+
+    def _send(self, msg: ToWorker) -> None:
+        self._outbox.put_nowait(self._codec.encode(msg))
+
+    # ---- loops ------------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            body = await self._outbox.get()
+            await self._sock.send(body)
+
+    async def _recv_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            frames = await self._sock.recv_multipart(copy=True)
+            self._last_seen = time.monotonic()
+            body = next((f for f in frames if f), None)
+            if body is None:
+                continue
+            try:
+                msg = self._codec.decode(body)
+            except msgspec.DecodeError as exc:
+                self._warn("undecodable message from worker", error=str(exc))
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Tick):
+            for delta in msg.deltas:
+                stream = self._streams.get(delta.id)
+                if stream is not None:
+                    stream.feed_delta(delta)
+            for done in msg.done:
+                stream = self._streams.pop(done.id, None)
+                if stream is not None:
+                    stream.feed_done(done)
+        elif isinstance(msg, CallResult):
+            fut = self._calls.pop(msg.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, Hello):
+            if self.hello is None:
+                self.hello = msg
+            if self._hello_waiter is not None and not self._hello_waiter.done():
+                self._hello_waiter.set_result(msg)
+        elif isinstance(msg, Pong):
+            self.last_pong = msg
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._hb_interval and self._hb_timeout
+        nonce = 0
+        while self.lost_reason is None:
+            await asyncio.sleep(self._hb_interval)
+            silent = time.monotonic() - self._last_seen
+            if silent > self._hb_timeout:
+                self.lose(f"worker for {self.name} at {self.endpoint} stopped answering ({silent:.1f}s without a message)")
+                return
+            nonce += 1
+            self._send(Ping(nonce=nonce))
+
+    def _warn(self, event: str, **kw: Any) -> None:
+        if self._log is not None:
+            self._log.warning(event, model=self.name, **kw)

@@ -1,0 +1,188 @@
+"""A scripted worker speaking the real protocol over a real ZeroMQ ROUTER, for gateway tests.
+
+In process (`FakeWorker`, asyncio) or as a child process (`python -m tests.gateway.fake_worker
+--bind ...`, the worker's command line). Script for a Submit: the words of the last message (or
+of the prompt) come back one per tick; max_tokens cuts with finish_reason length. Magic words:
+  TOOLONG  -> Done(error=CONTEXT_LENGTH) before any output
+  STALL    -> output stops there until the request is aborted
+  CRASH    -> the worker dies after the words before it (a child process exits with code 3)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+import zmq
+import zmq.asyncio
+
+from barrel_inference.protocol import (
+    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, Delta, Done, ErrorCode, ErrorInfo, FinishReason, Hello,
+    Ping, Pong, Submit, Tick, Timings, Usage, WorkerCodec,
+)  # fmt: skip
+
+
+def script_of(submit: Submit) -> list[str]:
+    if submit.messages:
+        return submit.messages[-1].content.split()
+    if submit.prompt is not None:
+        return submit.prompt.split()
+    return [f"t{t}" for t in submit.prompt_tokens or []]
+
+
+class FakeWorker:
+    def __init__(self, *, bind: str = "tcp://127.0.0.1:0", model: str = "fake:latest", n_seq_max: int = 4,
+                 tick_s: float = 0.002, cached_tokens: int = 2, on_crash=None) -> None:  # fmt: skip
+        self.bind = bind
+        self.model = model
+        self.n_seq_max = n_seq_max
+        self.tick_s = tick_s
+        self.cached_tokens = cached_tokens
+        self.on_crash = on_crash
+        self.endpoint = ""
+        self.codec = WorkerCodec()
+        self.connects = 0
+        self.submits: list[Submit] = []
+        self.aborts: list[str] = []
+        self.calls: list[Call] = []
+        self.pings = 0
+        self.answer_pings = True
+        self._running: dict[str, asyncio.Task] = {}
+        self._ctx = zmq.asyncio.Context()
+        self._sock = None
+        self._loop_task = None
+        self.alive = False
+
+    async def start(self) -> str:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.bind.endswith(":0"):
+            port = sock.bind_to_random_port(self.bind[: -len(":0")])
+            self.endpoint = f"{self.bind[: -len(':0')]}:{port}"
+        else:
+            sock.bind(self.bind)
+            self.endpoint = self.bind
+        self._sock = sock
+        self.alive = True
+        self._loop_task = asyncio.create_task(self._serve())
+        return self.endpoint
+
+    async def kill(self) -> None:
+        """Die without a word: no Done for anything in flight."""
+        self.alive = False
+        for task in list(self._running.values()):
+            task.cancel()
+        if self._loop_task is not None and self._loop_task is not asyncio.current_task():
+            self._loop_task.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    async def stop(self) -> None:
+        await self.kill()
+        self._ctx.term()
+
+    async def _send(self, peer: bytes, msg) -> None:
+        if self._sock is not None:
+            await self._sock.send_multipart([peer, self.codec.encode(msg)])
+
+    async def _serve(self) -> None:
+        while True:
+            peer, body = await self._sock.recv_multipart()
+            msg = self.codec.decode(body)
+            if isinstance(msg, Connect):
+                self.connects += 1
+                await self._send(peer, self.hello())
+            elif isinstance(msg, Submit):
+                self.submits.append(msg)
+                self._running[msg.id] = asyncio.create_task(self._generate(peer, msg))
+            elif isinstance(msg, Abort):
+                for rid in msg.ids:
+                    self.aborts.append(rid)
+                    task = self._running.pop(rid, None)
+                    if task is not None:
+                        task.cancel()
+                        await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
+            elif isinstance(msg, Call):
+                self.calls.append(msg)
+                await self._send(peer, self.call(msg))
+            elif isinstance(msg, Ping):
+                self.pings += 1
+                if self.answer_pings:
+                    await self._send(peer, Pong(nonce=msg.nonce, running=len(self._running)))
+
+    def hello(self) -> Hello:
+        return Hello(protocol_version=PROTOCOL_VERSION, model=self.model, architecture="fake", n_ctx=512,
+                     n_ctx_train=512, n_seq_max=self.n_seq_max, n_vocab=256, chat_template="chatml", pid=os.getpid())  # fmt: skip
+
+    def call(self, msg: Call) -> CallResult:
+        if msg.op == "stats":
+            return CallResult(msg.id, stats={"submits": len(self.submits), "running": len(self._running),
+                                             "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
+        if msg.op == "tokenize":
+            return CallResult(msg.id, tokens=list(range(len((msg.text or "").split()))))
+        return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
+
+    async def _generate(self, peer: bytes, s: Submit) -> None:
+        words = script_of(s)
+        prompt_tokens = sum(len(m.content.split()) for m in s.messages) if s.messages else len(words)
+        usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=min(self.cached_tokens, prompt_tokens))
+        try:
+            if "TOOLONG" in words:
+                err = ErrorInfo(ErrorCode.CONTEXT_LENGTH, f"the prompt ({prompt_tokens} tokens) is longer than the context (4)", param="messages")  # fmt: skip
+                await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
+                return
+            n = 0
+            for word in words:
+                if word == "STALL":
+                    await asyncio.Event().wait()
+                if word == "CRASH":
+                    if self.on_crash is not None:
+                        self.on_crash()
+                    await self.kill()
+                    return
+                if s.max_tokens is not None and n >= s.max_tokens:
+                    usage.completion_tokens = n
+                    await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.LENGTH, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+                    return
+                await asyncio.sleep(self.tick_s)
+                n += 1
+                await self._send(peer, Tick(deltas=[Delta(id=s.id, text=word if n == 1 else " " + word, n_tokens=1)]))
+            usage.completion_tokens = n
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.STOP, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+        finally:
+            self._running.pop(s.id, None)
+
+
+async def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--bind", required=True)
+    p.add_argument("--model-name", required=True)
+    p.add_argument("--n-seq-max", type=int, default=4)
+    p.add_argument("--start-delay", type=float, default=0.0, help="sleep before binding (a slow model load)")
+    p.add_argument("--fail-start", action="store_true", help="exit with code 2 before binding")
+    p.add_argument("--argv-file", default=None, help="write the command line here (tests check the flags)")
+    args, _rest = p.parse_known_args(argv)
+    if args.argv_file:
+        with open(args.argv_file, "a") as f:
+            f.write(" ".join(argv) + "\n")
+    if args.fail_start:
+        print("fake worker: cannot load model", file=sys.stderr, flush=True)
+        return 2
+    await asyncio.sleep(args.start_delay)
+    worker = FakeWorker(bind=args.bind, model=args.model_name, n_seq_max=args.n_seq_max, on_crash=lambda: os._exit(3))
+    await worker.start()
+    print('{"event": "fake_worker_ready", "pid": %d}' % os.getpid(), file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await worker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(_main(sys.argv[1:])))

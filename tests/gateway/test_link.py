@@ -1,0 +1,166 @@
+"""WorkerLink against a fake worker over real ZeroMQ sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from barrel_inference.gateway.errors import GatewayError
+from barrel_inference.gateway.link import WorkerLink
+from barrel_inference.protocol import (
+    Call, ChatMessage, Delta, Done, ErrorCode, FinishReason, Submit,
+)  # fmt: skip
+
+from .fake_worker import FakeWorker
+
+
+def chat(rid: str, text: str, **kw) -> Submit:
+    return Submit(id=rid, messages=[ChatMessage(role="user", content=text)], **kw)
+
+
+async def drain(stream) -> tuple[list[Delta], Done]:
+    deltas = []
+    async for ev in stream:
+        if isinstance(ev, Done):
+            return deltas, ev
+        deltas.append(ev)
+    raise AssertionError("no Done")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def link(fake_worker):
+    link = WorkerLink(fake_worker.endpoint, name="fake")
+    await link.connect(timeout=5)
+    yield link
+    await link.close()
+
+
+async def test_connect_gets_hello(link, fake_worker):
+    assert link.alive
+    assert link.hello.model == "fake:latest"
+    assert link.hello.n_seq_max == 4
+    assert fake_worker.connects >= 1
+
+
+async def test_connect_before_the_worker_binds():
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    link = WorkerLink(endpoint, name="late")
+    connecting = asyncio.create_task(link.connect(timeout=10))
+    await asyncio.sleep(1.3)  # more than one Connect retry passes with nobody listening
+    assert not connecting.done()
+    worker = FakeWorker(bind=endpoint)
+    await worker.start()
+    try:
+        hello = await connecting
+        assert hello.model == "fake:latest"
+        assert link.alive
+    finally:
+        await link.close()
+        await worker.stop()
+
+
+async def test_connect_timeout_is_worker_unavailable():
+    link = WorkerLink(f"tcp://127.0.0.1:{free_port()}", name="nobody")
+    with pytest.raises(GatewayError) as info:
+        await link.connect(timeout=0.5)
+    assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
+    assert info.value.info.retryable
+
+
+async def test_submit_streams_deltas_then_done(link):
+    deltas, done = await drain(link.submit(chat("r1", "alpha beta gamma")))
+    assert "".join(d.text for d in deltas) == "alpha beta gamma"
+    assert done.finish_reason == FinishReason.STOP
+    assert done.usage.completion_tokens == 3
+    assert link.in_flight() == []
+
+
+async def test_slow_reader_gets_merged_deltas(link):
+    stream = link.submit(chat("r2", "one two three four five"))
+    while not stream.finished:  # read nothing until the worker is done
+        await asyncio.sleep(0.01)
+    events = [ev async for ev in stream]
+    assert len(events) == 2, events  # one merged delta, then the done
+    assert events[0].text == "one two three four five"
+    assert events[0].n_tokens == 5
+    assert isinstance(events[1], Done)
+    assert stream.n_tokens == 5 and len(stream.token_gaps) == 4
+
+
+async def test_max_tokens_ends_with_length(link):
+    deltas, done = await drain(link.submit(chat("r3", "a b c d e", max_tokens=2)))
+    assert "".join(d.text for d in deltas) == "a b"
+    assert done.finish_reason == FinishReason.LENGTH
+
+
+async def test_abort_ends_with_done_abort(link, fake_worker):
+    stream = link.submit(chat("r4", "x y STALL"))
+    first = await stream.__anext__()
+    assert first.text.startswith("x")
+    stream.abort()
+    stream.abort()  # idempotent
+    _, done = await drain(stream)
+    assert done.finish_reason == FinishReason.ABORT
+    assert fake_worker.aborts == ["r4"]
+
+
+async def test_error_done_carries_typed_error(link):
+    _, done = await drain(link.submit(chat("r5", "this is TOOLONG")))
+    assert done.finish_reason == FinishReason.ERROR
+    assert done.error.code == ErrorCode.CONTEXT_LENGTH
+
+
+async def test_call_returns_result(link):
+    result = await link.call(Call(id="", op="stats"))
+    assert result.stats["profile"]["decode_ms"] == 1.5
+    tok = await link.call(Call(id="", op="tokenize", text="a b c"))
+    assert tok.tokens == [0, 1, 2]
+
+
+async def test_duplicate_request_id_is_refused(link):
+    link.submit(chat("dup", "a STALL"))
+    with pytest.raises(GatewayError) as info:
+        link.submit(chat("dup", "b"))
+    assert info.value.code == ErrorCode.INVALID_REQUEST
+
+
+async def test_heartbeat_loss_fails_in_flight_requests():
+    worker = FakeWorker()
+    await worker.start()
+    lost = []
+    link = WorkerLink(worker.endpoint, name="hb", heartbeat_interval=0.05, heartbeat_timeout=0.4, on_lost=lambda l, r: lost.append(r))
+    try:
+        await link.connect(timeout=5)
+        stream = link.submit(chat("h1", "a b STALL"))
+        await asyncio.sleep(0.3)
+        assert worker.pings > 0 and link.alive  # pongs keep it alive
+        worker.answer_pings = False
+        await worker.kill()
+        _, done = await asyncio.wait_for(drain(stream), 5)
+        assert done.finish_reason == FinishReason.ERROR
+        assert done.error.code == ErrorCode.WORKER_UNAVAILABLE and done.error.retryable
+        assert lost and not link.alive
+        with pytest.raises(GatewayError) as info:
+            link.submit(chat("h2", "again"))
+        assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
+    finally:
+        await link.close()
+        await worker.stop()
+
+
+async def test_close_fails_pending_calls_and_streams(fake_worker):
+    link = WorkerLink(fake_worker.endpoint)
+    await link.connect(timeout=5)
+    stream = link.submit(chat("c1", "a STALL"))
+    await link.close("shutting down")
+    _, done = await drain(stream)
+    assert done.error.code == ErrorCode.WORKER_UNAVAILABLE
+    assert done.error.message == "shutting down"
