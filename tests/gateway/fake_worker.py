@@ -70,6 +70,11 @@ class FakeWorker:
         self._loop_task = asyncio.create_task(self._serve())
         return self.endpoint
 
+    async def restart(self) -> None:
+        """Come back on the same endpoint (after `kill`), as a restarted worker would."""
+        self.bind = self.endpoint
+        await self.start()
+
     async def kill(self) -> None:
         """Die without a word: no Done for anything in flight."""
         self.alive = False
@@ -140,6 +145,7 @@ class FakeWorker:
                 if word == "STALL":
                     await asyncio.Event().wait()
                 if word == "CRASH":
+                    await asyncio.sleep(0.05)  # let the output so far leave the socket
                     if self.on_crash is not None:
                         self.on_crash()
                     await self.kill()

@@ -1,0 +1,161 @@
+"""One generation request's life in the gateway, shared by every API family.
+
+`await Generation.open(state, api=..., model=..., submit=...)` resolves the model, starts its worker
+if needed, admits and submits the request, and waits for the first event, so a family can still
+answer with an HTTP error status when the worker rejects the request (context length, template...).
+Then `events()` yields merged Delta events and the final Done. `close()` never awaits: when the
+request is still running (the client went away) it sends Abort; then it records the request's
+figures and writes its one log line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from ..protocol import Delta, Done, ErrorCode, FinishReason, Submit
+from .collector import RequestStream
+from .errors import GatewayError
+
+Event = Delta | Done
+
+
+class Generation:
+    def __init__(self, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False) -> None:
+        self.state = state
+        self.api = api
+        self.requested_model = model
+        self.model = ""  # the registry name, once resolved
+        self.submit = submit
+        self.id = submit.id
+        self.stream_response = stream_response
+        self.stream: RequestStream | None = None
+        self.error: GatewayError | None = None
+        self._first: Event | None = None
+        self._t0 = time.monotonic()
+        self._closed = False
+        self._counted_active = False
+
+    @classmethod
+    async def open(cls, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False) -> "Generation":
+        """Start the request and wait for its first event. Raises GatewayError (already recorded)."""
+        gen = cls(state, api=api, model=model, submit=submit, stream_response=stream_response)
+        try:
+            await gen._start()
+        except GatewayError as exc:
+            gen.close(exc)
+            raise
+        except BaseException:
+            gen.close()
+            raise
+        return gen
+
+    async def _start(self) -> None:
+        handle = await self.state.models.get(self.requested_model)
+        self.model = handle.name
+        self.stream = handle.submit(self.submit)
+        self.state.metrics.active_streams.labels(self.model).inc()
+        self._counted_active = True
+        first = await self.stream.__anext__()
+        if isinstance(first, Done) and first.error is not None:
+            raise GatewayError.from_info(first.error)
+        self._first = first
+
+    async def events(self) -> AsyncIterator[Event]:
+        assert self.stream is not None
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        async for event in self.stream:
+            yield event
+
+    async def collect(self) -> tuple[str, list[int], Done]:
+        """Read to the end: (text, tokens, done)."""
+        parts: list[str] = []
+        tokens: list[int] = []
+        async for event in self.events():
+            if isinstance(event, Delta):
+                parts.append(event.text)
+                tokens.extend(event.tokens)
+            else:
+                return "".join(parts), tokens, event
+        raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
+
+    # ---- end ------------------------------------------------------------------------
+    def close(self, error: GatewayError | None = None) -> None:
+        """Abort if still running, record figures, write the log line. Idempotent; never awaits."""
+        if self._closed:
+            return
+        self._closed = True
+        if error is not None:
+            self.error = error
+        stream = self.stream
+        if stream is not None and not stream.finished:
+            stream.abort()
+        if self._counted_active:
+            self.state.metrics.active_streams.labels(self.model).dec()
+        self._record()
+
+    def _outcome(self) -> str:
+        if self.error is not None:
+            return self.error.code.value
+        stream = self.stream
+        if stream is None:
+            return ErrorCode.INTERNAL.value
+        done = stream.done
+        if done is None or stream.aborted:
+            return "client_disconnected"
+        if done.error is not None:
+            return done.error.code.value
+        return done.finish_reason.value if isinstance(done.finish_reason, FinishReason) else str(done.finish_reason)
+
+    def _record(self) -> None:
+        metrics, status = self.state.metrics, self._outcome()
+        label = self.model or "unknown"
+        total_s = time.monotonic() - self._t0
+        metrics.requests.labels(label, self.api, status).inc()
+        stream = self.stream
+        done = stream.done if stream is not None else None
+        usage = done.usage if done is not None else None
+        timings = done.timings if done is not None else None
+        fields: dict[str, Any] = {}
+        if stream is not None:
+            completion = usage.completion_tokens if usage and usage.completion_tokens else stream.n_tokens
+            metrics.completion_tokens.labels(label).inc(completion)
+            if usage is not None:
+                metrics.prompt_tokens.labels(label).inc(usage.prompt_tokens)
+                metrics.cached_tokens.labels(label).inc(usage.cached_tokens)
+            if stream.t_first_token is not None:
+                metrics.ttft.labels(label).observe(stream.t_first_token - stream.t_submit)
+                fields["ttft_ms"] = round((stream.t_first_token - stream.t_submit) * 1000, 1)
+            itl = metrics.itl.labels(label)
+            for gap, n in stream.token_gaps:
+                for _ in range(min(n, 64)):
+                    itl.observe(gap / n)
+            if timings is not None:
+                metrics.queue_time.labels(label).observe(timings.queue_ms / 1000)
+            metrics.e2e.labels(label).observe(total_s)
+            fields["completion_tokens"] = completion
+        if usage is not None:
+            fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
+        if timings is not None:
+            fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.error is not None:
+            fields["error"] = self.error.info.message
+        elif done is not None and done.error is not None:
+            fields["error"] = done.error.message
+        log = self.state.log
+        emit = log.warning if (self.error is not None or (done is not None and done.error is not None)) else log.info
+        emit(
+            "request", request_id=self.id, api=self.api, model=self.model or self.requested_model, status=status,
+            stream=self.stream_response, total_ms=round(total_s * 1000, 1), **fields,
+        )  # fmt: skip
+
+
+def record_rejected(state: Any, *, api: str, request_id: str, error: GatewayError, model: str | None = None) -> None:
+    """Count and log a request refused before it reached a model (bad input)."""
+    state.metrics.requests.labels("unknown", api, error.code.value).inc()
+    state.log.warning(
+        "request", request_id=request_id, api=api, model=model, status=error.code.value, error=error.info.message,
+        param=error.param,
+    )  # fmt: skip

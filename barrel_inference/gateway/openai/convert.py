@@ -1,0 +1,237 @@
+"""Pure conversions between the OpenAI wire format and the protocol (engine terms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
+from ..errors import GatewayError, invalid, unsupported
+from .wire import ChatCompletionRequest, CompletionRequest, Message
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+_ROLES = {"developer": "system", "function": "tool"}
+_UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
+
+_STATUS = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.CONTEXT_LENGTH: 400,
+    ErrorCode.GRAMMAR: 400,
+    ErrorCode.TEMPLATE: 400,
+    ErrorCode.UNSUPPORTED: 400,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.WORKER_UNAVAILABLE: 503,
+    ErrorCode.DECODE_FAILED: 500,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+
+def error_status(code: ErrorCode) -> int:
+    return _STATUS.get(code, 500)
+
+
+def error_body(info: ErrorInfo) -> dict:
+    status = error_status(info.code)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": info.message, "type": kind, "param": info.param, "code": info.code.value}}
+
+
+# ---- requests ---------------------------------------------------------------------------
+
+
+def sampling_of(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
+    s = Sampling()
+    for field in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "seed"):
+        value = getattr(req, field)
+        if value is not None:
+            setattr(s, field, value)
+    if req.logit_bias:
+        bias: dict[int, float] = {}
+        for key, value in req.logit_bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+            if token < 0:
+                raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            bias[token] = value
+        s.logit_bias = bias
+    return s
+
+
+def stop_of(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else list(stop)
+    if any(s == "" for s in items):
+        raise invalid("stop sequences must not be empty", "stop")
+    return items
+
+
+def _common_checks(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.n is not None and req.n != 1:
+        raise invalid(f"only n=1 is supported, got n={req.n}", "n")
+    if not req.model:
+        raise invalid("model must not be empty", "model")
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        if part.type == "text":
+            if part.text is None:
+                raise invalid("a text part needs a 'text' field", param)
+            texts.append(part.text)
+        elif part.type in _UNSUPPORTED_PARTS:
+            raise unsupported(f"{_UNSUPPORTED_PARTS[part.type]} in messages are not supported by this server", param)
+        else:
+            raise invalid(f"unknown content part type {part.type!r}", param + ".type")
+    return "\n".join(texts)
+
+
+def message_of(msg: Message, index: int) -> ChatMessage:
+    where = f"messages[{index}]"
+    out = ChatMessage(role=_ROLES.get(msg.role, msg.role), content=_content_text(msg.content, where))
+    if msg.name:
+        out.name = msg.name
+    if msg.tool_calls:
+        out.tool_calls = [ToolCall(name=c.function.name, arguments=c.function.arguments or "{}", id=c.id) for c in msg.tool_calls]
+    if msg.tool_call_id:
+        out.tool_call_id = msg.tool_call_id
+    if msg.reasoning_content:
+        out.thinking = msg.reasoning_content
+    return out
+
+
+def _tools_of(req: ChatCompletionRequest) -> list[dict] | None:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    for i, tool in enumerate(req.tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid("each tool needs type 'function' and a function with a name", f"tools[{i}]")
+    return list(req.tools)
+
+
+def _schema_of(req: ChatCompletionRequest) -> dict | None:
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return {}
+    if rf.json_schema is None or rf.json_schema.schema is None:
+        raise invalid("response_format of type json_schema needs json_schema.schema", "response_format.json_schema.schema")
+    return rf.json_schema.schema
+
+
+def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
+    _common_checks(req)
+    if req.logprobs:
+        raise unsupported("logprobs are not supported by this server", "logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return Submit(
+        id=request_id,
+        messages=[message_of(m, i) for i, m in enumerate(req.messages)],
+        tools=_tools_of(req),
+        sampling=sampling_of(req),
+        stop=stop_of(req.stop),
+        max_tokens=max_tokens,
+        json_schema=_schema_of(req),
+    )
+
+
+def completion_to_submit(req: CompletionRequest, request_id: str) -> Submit:
+    _common_checks(req)
+    if req.echo:
+        raise unsupported("echo is not supported by this server", "echo")
+    if req.suffix:
+        raise unsupported("suffix (insertion) is not supported by this server", "suffix")
+    if req.best_of is not None and req.best_of != 1:
+        raise unsupported("only best_of=1 is supported", "best_of")
+    if req.logprobs:
+        raise unsupported("logprobs are not supported by this server", "logprobs")
+    prompt, prompt_tokens = _prompt_of(req.prompt)
+    max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    return Submit(
+        id=request_id, prompt=prompt, prompt_tokens=prompt_tokens, sampling=sampling_of(req),
+        stop=stop_of(req.stop), max_tokens=max_tokens,
+    )  # fmt: skip
+
+
+def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if not prompt:
+        raise invalid("prompt must not be empty", "prompt")
+    if all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise unsupported("only one prompt per request is supported", "prompt")
+        return prompt[0], None
+    if all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in prompt):
+        return None, list(prompt)
+    raise invalid("prompt must be a string, a list of one string, or a list of token ids", "prompt")
+
+
+# ---- responses --------------------------------------------------------------------------
+
+
+def finish_reason_of(done: Done) -> str:
+    return "length" if done.finish_reason == FinishReason.LENGTH else "stop"
+
+
+def done_error(done: Done) -> ErrorInfo | None:
+    """The error a Done stands for: its own, or, for an abort the client did not ask for, an unavailable one."""
+    if done.error is not None:
+        return done.error
+    if done.finish_reason == FinishReason.ABORT:
+        return ErrorInfo(ErrorCode.WORKER_UNAVAILABLE, "the request was cancelled by the server (model unloaded)", retryable=True)
+    return None
+
+
+def usage_json(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def chat_response(request_id: str, model: str, created: int, text: str, done: Done) -> dict:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason_of(done),
+            }
+        ],
+        "usage": usage_json(done.usage),
+    }
+
+
+def completion_response(request_id: str, model: str, created: int, text: str, done: Done) -> dict:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason_of(done)}],
+        "usage": usage_json(done.usage),
+    }
+
+
+def model_json(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "barrel-inference"}
+

@@ -1,0 +1,157 @@
+"""OpenAI routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{id}]."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ...protocol import Delta, Submit
+from ..errors import GatewayError, invalid
+from ..generation import Generation, record_rejected
+from ..http import ClientDisconnected, EventStreamResponse, JSONBody, new_request_id, until_disconnect
+from .convert import (
+    chat_response,
+    chat_to_submit,
+    completion_response,
+    completion_to_submit,
+    done_error,
+    error_body,
+    error_status,
+    model_json,
+)
+from .stream import ChatStreamEncoder, CompletionStreamEncoder
+from .wire import ChatCompletionRequest, CompletionRequest, WireError, decode
+
+API_CHAT = "openai.chat"
+API_COMPLETIONS = "openai.completions"
+
+
+def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
+    status = error_status(exc.code)
+    headers = {"retry-after": "1"} if status == 503 else {}
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONBody(error_body(exc.info), status_code=status, headers=headers)
+
+
+async def chat_completions(request: Request) -> Response:
+    rid = new_request_id(request, "chatcmpl-")
+    try:
+        req = decode(await request.body(), ChatCompletionRequest)
+        submit = chat_to_submit(req, rid)
+    except WireError as exc:
+        return _rejected(request, API_CHAT, rid, invalid(str(exc), exc.param))
+    except GatewayError as exc:
+        return _rejected(request, API_CHAT, rid, exc)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _generate(
+        request, API_CHAT, req.model, submit, req.stream,
+        lambda created: ChatStreamEncoder(rid, req.model, created, include_usage), chat_response,
+    )  # fmt: skip
+
+
+async def completions(request: Request) -> Response:
+    rid = new_request_id(request, "cmpl-")
+    try:
+        req = decode(await request.body(), CompletionRequest)
+        submit = completion_to_submit(req, rid)
+    except WireError as exc:
+        return _rejected(request, API_COMPLETIONS, rid, invalid(str(exc), exc.param))
+    except GatewayError as exc:
+        return _rejected(request, API_COMPLETIONS, rid, exc)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _generate(
+        request, API_COMPLETIONS, req.model, submit, req.stream,
+        lambda created: CompletionStreamEncoder(rid, req.model, created, include_usage), completion_response,
+    )  # fmt: skip
+
+
+def _rejected(request: Request, api: str, rid: str, exc: GatewayError) -> Response:
+    record_rejected(request.app.state, api=api, request_id=rid, error=exc)
+    return error_response(exc, rid)
+
+
+async def _generate(
+    request: Request,
+    api: str,
+    model: str,
+    submit: Submit,
+    stream: bool,
+    make_encoder: Callable[[int], Any],
+    make_response: Callable[..., dict],
+) -> Response:
+    state = request.app.state
+    created = int(time.time())
+    headers = {"x-request-id": submit.id}
+    try:
+        gen = await until_disconnect(request, Generation.open(state, api=api, model=model, submit=submit, stream_response=stream))
+    except GatewayError as exc:
+        return error_response(exc, submit.id)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    if stream:
+        return EventStreamResponse(_sse_body(gen, make_encoder(created)), on_close=gen.close, headers=headers)
+    try:
+        text, _tokens, done = await until_disconnect(request, gen.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except GatewayError as exc:
+        gen.close(exc)
+        return error_response(exc, submit.id)
+    finally:
+        gen.close()
+    if (info := done_error(done)) is not None:
+        return error_response(GatewayError.from_info(info), submit.id)
+    return JSONBody(make_response(submit.id, model, created, text, done), headers=headers)
+
+
+async def _sse_body(gen: Generation, enc: Any):
+    try:
+        yield enc.start()
+        async for event in gen.events():
+            if isinstance(event, Delta):
+                if chunk := enc.text(event.text):
+                    yield chunk
+            elif (info := done_error(event)) is not None:
+                yield enc.error(info)
+            else:
+                yield enc.finish(event)
+    finally:
+        gen.close()
+
+
+async def list_models(request: Request) -> Response:
+    records = request.app.state.registry.list()
+    data = [model_json(r.name, _created(r)) for r in records]
+    return JSONBody({"object": "list", "data": data})
+
+
+async def get_model(request: Request) -> Response:
+    name = request.path_params["model_id"]
+    try:
+        record = await request.app.state.models.resolve(name)
+    except GatewayError as exc:
+        return error_response(exc)
+    return JSONBody(model_json(name, _created(record)))
+
+
+def _created(record: Any) -> int:
+    modified = getattr(record, "modified", None)
+    if modified is None:
+        return 0
+    if hasattr(modified, "timestamp"):
+        return int(modified.timestamp())
+    return int(modified)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+    ]

@@ -1,0 +1,79 @@
+"""Server-sent events for streamed chat completions and completions.
+
+`data: {chunk}\n\n` per event, ending with `data: [DONE]\n\n`. Chat streams open with a chunk whose
+delta carries the assistant role; the finish reason rides on the last choice chunk; with
+`stream_options.include_usage` every chunk has `"usage": null` and a trailing chunk with empty
+`choices` carries the usage. An error after the stream started is sent as `data: {"error": ...}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ...protocol import Done, ErrorInfo
+from .convert import error_body, finish_reason_of, usage_json
+
+DONE_LINE = b"data: [DONE]\n\n"
+_encode = msgspec.json.Encoder().encode
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + _encode(data) + b"\n\n"
+
+
+class _Encoder:
+    object = ""
+
+    def __init__(self, request_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.id = request_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        chunk = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict:
+        raise NotImplementedError
+
+    def start(self) -> bytes:
+        return b""
+
+    def text(self, text: str) -> bytes:
+        if not text:
+            return b""
+        return sse(self._chunk([self._choice(text, None)]))
+
+    def finish(self, done: Done) -> bytes:
+        out = sse(self._chunk([self._choice(None, finish_reason_of(done))]))
+        if self.include_usage:
+            chunk = self._chunk([])
+            chunk["usage"] = usage_json(done.usage)
+            out += sse(chunk)
+        return out + DONE_LINE
+
+    def error(self, info: ErrorInfo) -> bytes:
+        return sse(error_body(info)) + DONE_LINE
+
+
+class ChatStreamEncoder(_Encoder):
+    object = "chat.completion.chunk"
+
+    def start(self) -> bytes:
+        return sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]))
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict:
+        delta = {"content": text} if text is not None else {}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+class CompletionStreamEncoder(_Encoder):
+    object = "text_completion"
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}

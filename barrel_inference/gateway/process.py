@@ -1,0 +1,169 @@
+"""Worker processes: the options a model's worker starts with, its command line, and the process itself.
+
+Precedence of a worker's engine options, lowest first: the settings' `defaults`, the manifest's
+`loader` (its n_ctx is the model's context clamped at pull time, so it caps the default rather than
+replacing it), the manifest's `parameters` (num_ctx, num_batch, num_seq_max, num_thread), and last
+the operator's per-model section `[models."name"]` of the settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import re
+import signal
+import sys
+from typing import Any, Sequence
+
+import msgspec
+
+from ..config import ModelSettings, Settings
+
+# manifest `parameters` key -> ModelSettings field
+_PARAMETER_KEYS = {"num_ctx": "n_ctx", "num_batch": "n_batch", "num_seq_max": "n_seq_max", "num_thread": "threads"}
+_LOADER_KEYS = ("n_batch", "n_ubatch", "n_seq_max", "threads", "prefill_chunk", "chat_template")
+_FLAGS = {
+    "n_seq_max": "--n-seq-max",
+    "n_ctx": "--n-ctx",
+    "n_batch": "--n-batch",
+    "n_ubatch": "--n-ubatch",
+    "threads": "--threads",
+    "prefill_chunk": "--prefill-chunk",
+    "chat_template": "--chat-template",
+}
+
+
+def engine_options(settings: Settings, record: Any) -> ModelSettings:
+    """The engine options of `record`'s worker (see the module doc for the precedence)."""
+    opts = msgspec.structs.asdict(settings.defaults)
+    loader = dict(getattr(record, "loader", None) or {})
+    parameters = dict(getattr(record, "parameters", None) or {})
+    for key in _LOADER_KEYS:
+        if loader.get(key) is not None:
+            opts[key] = loader[key]
+    if loader.get("n_ctx"):
+        opts["n_ctx"] = min(int(loader["n_ctx"]), opts["n_ctx"]) if opts.get("n_ctx") else int(loader["n_ctx"])
+    for key, field in _PARAMETER_KEYS.items():
+        if parameters.get(key) is not None:
+            opts[field] = parameters[key]
+    merged = msgspec.convert(opts, ModelSettings, strict=False)
+    return merged.merged(settings.models.get(record.name))
+
+
+def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelSettings) -> list[str]:
+    argv = [*command, "--bind", endpoint, "--model-path", str(record.path), "--model-name", record.name]
+    for field, flag in _FLAGS.items():
+        value = getattr(opts, field)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of a model name ('hf.co/org/m:q4' -> 'hf.co-org-m-q4')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+
+
+def default_command() -> list[str]:
+    return [sys.executable, "-m", "barrel_inference.worker"]
+
+
+class WorkerProcess:
+    """One spawned worker: its output goes to the gateway's log; `wait` ends when it exits."""
+
+    def __init__(self, name: str, argv: list[str], logger: Any) -> None:
+        self.name = name
+        self.argv = argv
+        self._log = logger
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pump: asyncio.Task | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc else None
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the gateway, which stops workers in order
+        )
+        self._pump = asyncio.create_task(self._pump_output(), name=f"worker-output-{self.name}")
+        self._log.info("worker_started", model=self.name, pid=self._proc.pid)
+
+    async def wait(self) -> int:
+        assert self._proc is not None
+        rc = await self._proc.wait()
+        if self._pump is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._pump), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        return rc
+
+    def describe_exit(self) -> str:
+        rc = self.returncode
+        how = f"was killed by signal {-rc}" if rc is not None and rc < 0 else f"exited with code {rc}"
+        last = " | ".join(list(self.tail)[-3:])
+        return f"worker for {self.name} {how}" + (f" ({last})" if last else "")
+
+    async def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait up to `timeout`, then SIGKILL."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return proc.returncode if proc else None
+        try:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except asyncio.TimeoutError:
+                self._log.warning("worker_kill", model=self.name, pid=proc.pid, after_s=timeout)
+                proc.kill()
+                await proc.wait()
+        except ProcessLookupError:
+            pass
+        if self._pump is not None:
+            self._pump.cancel()
+        return proc.returncode
+
+    async def _pump_output(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stream = self._proc.stdout
+        while True:
+            try:
+                raw = await stream.readline()
+            except (ValueError, asyncio.LimitOverrunError):  # an overlong line: skip what is buffered
+                raw = await stream.read(65536)
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").rstrip()
+            if not line:
+                continue
+            self.tail.append(line)
+            self._forward(line)
+
+    def _forward(self, line: str) -> None:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict):
+            event = str(rec.pop("event", "worker_log"))
+            level = str(rec.pop("level", "error" if "error" in rec else "info")).lower()
+            rec.pop("model", None)
+            fields = {k if k not in ("pid",) else "worker_pid": v for k, v in rec.items()}
+            getattr(self._log, level if level in ("debug", "info", "warning", "error") else "info")(
+                event, model=self.name, source="worker", **fields
+            )
+        else:
+            self._log.info("worker_output", model=self.name, source="worker", line=line)

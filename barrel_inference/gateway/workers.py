@@ -1,0 +1,301 @@
+"""ModelManager: one worker per model in use, started on first use, watched, restarted after a crash.
+
+`await get(name)` resolves the name in the registry, starts (or connects to) the model's worker and
+returns its WorkerHandle; concurrent calls for one model share one start. A worker runs as a child
+process bound at `ipc://{run_dir}/{slug}.sock`, or, when the model's settings name an `endpoint`,
+is a worker elsewhere that the gateway only connects to (watched by heartbeat). When a worker dies
+its in-flight requests end with a typed WORKER_UNAVAILABLE error and the next `get` starts a fresh
+one: the gateway itself never goes down.
+
+Admission: a model accepts at most n_seq_max + settings.max_queue requests in flight; the next one
+gets a typed OVERLOADED error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import Any, Sequence
+
+import msgspec
+import structlog
+import zmq.asyncio
+
+from ..config import Settings
+from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
+from .collector import RequestStream
+from .errors import GatewayError, worker_unavailable
+from .link import WorkerLink
+from .process import WorkerProcess, default_command, engine_options, slug, worker_argv
+
+UNLOAD_DRAIN_S = 2.0
+
+
+class RunningModel(msgspec.Struct):
+    """What `ModelManager.running()` says about one loaded model."""
+
+    name: str
+    endpoint: str
+    remote: bool
+    pid: int | None
+    started_at: float  # unix time
+    in_flight: int
+    n_ctx: int
+    n_seq_max: int
+    architecture: str
+    chat_template: str
+    path: str = ""
+    size: int = 0
+    digest: str | None = None
+    details: dict = {}
+
+
+class WorkerHandle:
+    """A started worker: submit requests (with admission), make calls."""
+
+    def __init__(self, record: Any, link: WorkerLink, hello: Hello, process: WorkerProcess | None, max_queue: int):
+        self.record = record
+        self.name: str = record.name
+        self.link = link
+        self.hello = hello
+        self.process = process
+        self.started_at = time.time()
+        self.limit = max(1, hello.n_seq_max) + max(0, max_queue)
+        self.in_flight = 0
+        self.unloading = False
+
+    @property
+    def alive(self) -> bool:
+        return self.link.alive and not self.unloading
+
+    @property
+    def waiting(self) -> int:
+        """Requests in flight beyond the worker's sequences (they queue in the worker)."""
+        return max(0, self.in_flight - self.hello.n_seq_max)
+
+    def submit(self, submit: Submit) -> RequestStream:
+        if self.unloading:
+            raise worker_unavailable(f"model {self.name} is being unloaded")
+        if self.in_flight >= self.limit:
+            raise GatewayError(
+                ErrorCode.OVERLOADED,
+                f"model {self.name} is at capacity ({self.in_flight} requests in flight, limit {self.limit}); retry later",
+                retryable=True,
+            )
+        stream = self.link.submit(submit)
+        self.in_flight += 1
+        stream.add_done_callback(self._release)
+        return stream
+
+    def _release(self, _done: Any) -> None:
+        self.in_flight -= 1
+
+    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+        return await self.link.call(call, timeout)
+
+    def info(self) -> RunningModel:
+        r, h = self.record, self.hello
+        return RunningModel(
+            name=self.name, endpoint=self.link.endpoint, remote=self.process is None,
+            pid=self.process.pid if self.process else (h.pid or None), started_at=self.started_at,
+            in_flight=self.in_flight, n_ctx=h.n_ctx, n_seq_max=h.n_seq_max, architecture=h.architecture,
+            chat_template=h.chat_template, path=str(getattr(r, "path", "") or ""), size=int(getattr(r, "size", 0) or 0),
+            digest=getattr(r, "digest", None), details=dict(getattr(r, "details", None) or {}),
+        )  # fmt: skip
+
+
+class ModelManager:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Any,
+        *,
+        logger: Any = None,
+        worker_command: Sequence[str] | None = None,
+        extra_args: Sequence[str] = (),
+        heartbeat: tuple[float, float] = (5.0, 30.0),
+        ctx: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.log = logger or structlog.get_logger("barrel_inference.gateway")
+        self.command = list(worker_command or default_command()) + list(extra_args)
+        self.heartbeat = heartbeat
+        self._ctx = ctx
+        self._handles: dict[str, WorkerHandle] = {}
+        self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
+        self._watchers: set[asyncio.Task] = set()
+        self._closed = False
+
+    # ---- lookup -----------------------------------------------------------------------
+    async def resolve(self, name: str) -> Any:
+        """The registry record of `name`; unknown names raise GatewayError(MODEL_NOT_FOUND, param='model')."""
+        try:
+            record = self.registry.resolve(name)
+            if inspect.isawaitable(record):
+                record = await record
+        except GatewayError:
+            raise
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            if code is None:
+                raise
+            message = getattr(exc, "message", None) or str(exc)
+            if code == "model_not_found":
+                raise GatewayError(ErrorCode.MODEL_NOT_FOUND, message, param="model") from exc
+            raise GatewayError(ErrorCode.INVALID_REQUEST, message, param="model") from exc
+        return record
+
+    async def get(self, name: str) -> WorkerHandle:
+        if self._closed:
+            raise worker_unavailable("the gateway is shutting down")
+        record = await self.resolve(name)
+        handle = self._handles.get(record.name)
+        if handle is not None and handle.alive:
+            return handle
+        task = self._starting.get(record.name)
+        if task is None:
+            task = asyncio.create_task(self._start(record), name=f"start-{record.name}")
+            self._starting[record.name] = task
+            task.add_done_callback(lambda t, key=record.name: self._starting.pop(key, None))
+        return await asyncio.shield(task)
+
+    def running(self) -> list[RunningModel]:
+        return [h.info() for h in self._handles.values() if h.alive]
+
+    def handles(self) -> list[WorkerHandle]:
+        return [h for h in self._handles.values() if h.alive]
+
+    # ---- start ------------------------------------------------------------------------
+    async def _start(self, record: Any) -> WorkerHandle:
+        opts = engine_options(self.settings, record)
+        timeout = self.settings.worker_start_timeout
+        if opts.endpoint:
+            link = WorkerLink(
+                opts.endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
+                heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, logger=self.log,
+            )  # fmt: skip
+            hello = await link.connect(timeout)
+            handle = WorkerHandle(record, link, hello, None, self.settings.max_queue)
+            self.log.info("worker_connected", model=record.name, endpoint=opts.endpoint, n_seq_max=hello.n_seq_max)
+        else:
+            handle = await self._spawn(record, opts, timeout)
+        old = self._handles.get(record.name)
+        self._handles[record.name] = handle
+        if old is not None and old is not handle:
+            self._spawn_task(old.link.close("the worker was replaced"))
+        return handle
+
+    async def _spawn(self, record: Any, opts: Any, timeout: float) -> WorkerHandle:
+        run_dir = self.settings.run_dir()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        endpoint = f"ipc://{run_dir}/{slug(record.name)}.sock"
+        proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts), self.log)
+        await proc.start()
+        link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)
+        connecting = asyncio.create_task(link.connect(timeout))
+        exited = asyncio.create_task(proc.wait())
+        try:
+            await asyncio.wait({connecting, exited}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            connecting.cancel()
+            exited.cancel()
+            await proc.stop(timeout=2.0)
+            raise
+        if not connecting.done():  # the process exited before it said hello
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            await link.close()
+            reason = proc.describe_exit() + " before it was ready"
+            self.log.error("worker_start_failed", model=record.name, reason=reason)
+            raise worker_unavailable(reason)
+        try:
+            hello = connecting.result()
+        except BaseException as exc:
+            exited.cancel()
+            await proc.stop(timeout=2.0)
+            self.log.error("worker_start_failed", model=record.name, reason=str(exc))
+            raise
+        handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
+        self.log.info(
+            "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
+            n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
+        )  # fmt: skip
+        watcher = asyncio.create_task(self._watch(handle, exited), name=f"watch-{record.name}")
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return handle
+
+    async def _watch(self, handle: WorkerHandle, exited: asyncio.Task) -> None:
+        await exited
+        if handle.unloading:
+            return
+        reason = handle.process.describe_exit() if handle.process else "worker exited"
+        self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason)
+        handle.link.lose(reason)
+        self._forget(handle)
+        await handle.link.close(reason)
+
+    def _on_link_lost(self, link: WorkerLink, reason: str) -> None:
+        for handle in list(self._handles.values()):
+            if handle.link is link:
+                self.log.error("worker_lost", model=handle.name, reason=reason)
+                self._forget(handle)
+        self._spawn_task(link.close(reason))
+
+    def _forget(self, handle: WorkerHandle) -> None:
+        if self._handles.get(handle.name) is handle:
+            del self._handles[handle.name]
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    # ---- stop -------------------------------------------------------------------------
+    async def unload(self, name: str) -> bool:
+        """Abort the model's requests and stop its worker. False when it was not running."""
+        key = name if name in self._handles or name in self._starting else None
+        if key is None:
+            try:
+                key = (await self.resolve(name)).name
+            except GatewayError:
+                return False
+        starting = self._starting.get(key)
+        if starting is not None:
+            try:
+                await asyncio.shield(starting)
+            except Exception:
+                return False
+        handle = self._handles.pop(key, None)
+        if handle is None:
+            return False
+        await self._stop(handle, "model unloaded")
+        return True
+
+    async def _stop(self, handle: WorkerHandle, reason: str) -> None:
+        handle.unloading = True
+        ids = handle.link.in_flight()
+        if ids:
+            handle.link.abort(ids)
+            deadline = time.monotonic() + UNLOAD_DRAIN_S
+            while handle.link.in_flight() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        await handle.link.close(reason)
+        if handle.process is not None:
+            rc = await handle.process.stop()
+            self.log.info("worker_stopped", model=handle.name, returncode=rc, reason=reason)
+        else:
+            self.log.info("worker_disconnected", model=handle.name, reason=reason)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._starting.values()):
+            task.cancel()
+        await asyncio.gather(*self._starting.values(), return_exceptions=True)
+        handles, self._handles = list(self._handles.values()), {}
+        await asyncio.gather(*(self._stop(h, "the gateway is shutting down") for h in handles), return_exceptions=True)
+        for task in list(self._watchers):
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
