@@ -15,12 +15,16 @@ _STATUS = {
     "ollama_manifest_status": 502,
     "ollama_no_model_layer": 400,
     "sha256_mismatch": 502,
+    "size_mismatch": 502,
     "not_gguf": 400,
     "network": 502,
     "timeout": 504,
     "exists": 409,
     "bad_gguf": 400,
     "job_not_found": 404,
+    "invalid_request": 400,
+    "cancelled": 499,
+    "internal": 500,
 }
 
 
@@ -29,7 +33,7 @@ class RegistryError(Exception):
 
     `code` is one of: model_not_found, enoent, invalid_name, unsupported_spec, bad_hf_spec, bad_ollama_spec,
     hf_no_gguf, http_status (detail: status, url), ollama_manifest_status (detail: status), ollama_no_model_layer,
-    sha256_mismatch (detail: got, want), not_gguf, bad_gguf, network, timeout, exists, job_not_found.
+    sha256_mismatch (detail: got, want), size_mismatch, not_gguf, bad_gguf, network, timeout, exists, job_not_found.
     """
 
     def __init__(self, code: str, message: str, **detail):

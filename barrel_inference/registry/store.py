@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import structlog
@@ -24,6 +26,22 @@ class Registry:
     def __init__(self, settings):
         self.settings = settings
         self.layout = CacheLayout(settings.cache_dir())
+        self._protected: dict[str, int] = {}  # blob file names a pull in progress is about to refer to
+        self._protected_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def protect(self, digest: str):
+        """Keep `prune` away from a blob while a pull writes the manifest that will refer to it."""
+        name = self.layout.blob_path(digest).name
+        with self._protected_lock:
+            self._protected[name] = self._protected.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._protected_lock:
+                self._protected[name] -= 1
+                if not self._protected[name]:
+                    del self._protected[name]
 
     # ---- names --------------------------------------------------------------------------------------
     def canonical(self, name: str) -> str:
@@ -184,7 +202,9 @@ class Registry:
         """Remove blobs that no manifest refers to."""
         if not self.layout.blobs.is_dir():
             return []
-        keep = self.referenced_blobs()
+        with self._protected_lock:
+            protected = set(self._protected)
+        keep = self.referenced_blobs() | protected
         removed = []
         for blob in self.layout.blobs.iterdir():
             if blob.is_file() and blob.name not in keep:
