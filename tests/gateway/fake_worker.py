@@ -171,10 +171,14 @@ async def _main(argv: list[str]) -> int:
     p.add_argument("--start-delay", type=float, default=0.0, help="sleep before binding (a slow model load)")
     p.add_argument("--fail-start", action="store_true", help="exit with code 2 before binding")
     p.add_argument("--argv-file", default=None, help="write the command line here (tests check the flags)")
+    p.add_argument("--pid-file", default=None)
     args, _rest = p.parse_known_args(argv)
     if args.argv_file:
         with open(args.argv_file, "a") as f:
             f.write(" ".join(argv) + "\n")
+    if args.pid_file:
+        with open(args.pid_file, "w") as f:
+            f.write(str(os.getpid()))
     if args.fail_start:
         print("fake worker: cannot load model", file=sys.stderr, flush=True)
         return 2

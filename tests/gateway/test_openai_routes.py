@@ -278,3 +278,20 @@ async def test_unknown_route_is_json(gateway):
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = await gateway.client.get("/v1/chat/completions")
     assert r.status_code == 405
+
+
+async def test_an_unexpected_exception_still_answers_json(make_gateway, fake_worker):
+    class Broken:
+        def list(self):
+            raise RuntimeError("disk on fire")
+
+        def resolve(self, name):
+            raise RuntimeError("disk on fire")
+
+    gw = await make_gateway(fake_worker.endpoint, registry=Broken())
+    r = await gw.client.get("/v1/models")
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "internal" and "disk on fire" in r.json()["error"]["message"]
+    r = await gw.client.get("/api/stats")
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: disk on fire"}
+    assert [e["path"] for e in gw.logs.events("unhandled_error")] == ["/v1/models", "/api/stats"]

@@ -1,0 +1,198 @@
+"""ModelManager with real child processes: the scripted fake worker and the real worker's --fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from barrel_inference.config import ModelSettings, Settings
+from barrel_inference.gateway.errors import GatewayError
+from barrel_inference.gateway.process import engine_options, slug, worker_argv
+from barrel_inference.gateway.workers import ModelManager
+from barrel_inference.protocol import ChatMessage, Done, ErrorCode, FinishReason, Submit
+
+from .conftest import MODEL, LogCapture, StubRecord, StubRegistry, make_settings
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_CMD = [sys.executable, "-m", "tests.gateway.fake_worker"]
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture
+def short_tmp(tmp_path_factory):
+    # ipc:// paths must stay under ~100 bytes
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bi-gw-", dir="/tmp") as d:
+        yield Path(d)
+
+
+def manager(tmp: Path, *extra: str, command=None, **settings_kw) -> tuple[ModelManager, LogCapture]:
+    settings = make_settings(tmp, None, **settings_kw)
+    logs = LogCapture(settings)
+    m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger,
+                     worker_command=command or FAKE_CMD, extra_args=extra)  # fmt: skip
+    return m, logs
+
+
+def chat(rid: str, text: str, **kw) -> Submit:
+    return Submit(id=rid, messages=[ChatMessage(role="user", content=text)], **kw)
+
+
+async def run(handle, submit: Submit) -> tuple[str, Done]:
+    text = ""
+    async for ev in handle.submit(submit):
+        if isinstance(ev, Done):
+            return text, ev
+        text += ev.text
+    raise AssertionError("no Done")
+
+
+# ---- pure parts --------------------------------------------------------------------------
+
+
+def test_engine_options_precedence():
+    settings = Settings(
+        defaults=ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, threads=2),
+        models={"m:latest": ModelSettings(n_seq_max=8)},
+    )
+    record = StubRecord("m:latest", loader={"n_ctx": 32768, "n_batch": 2048, "n_seq_max": 4, "chat_template": None},
+                        parameters={"num_ctx": 4096, "num_thread": 3})  # fmt: skip
+    opts = engine_options(settings, record)
+    assert opts.n_ctx == 4096  # manifest parameters beat the loader
+    assert opts.threads == 3  # and the defaults
+    assert opts.n_batch == 2048  # the loader beats the defaults
+    assert opts.n_seq_max == 8  # the operator's per-model section beats everything
+    assert opts.prefill_chunk == 256
+    # the loader's n_ctx (the model's clamped context) caps the default rather than replacing it
+    assert engine_options(settings, StubRecord("x:1", loader={"n_ctx": 2048})).n_ctx == 2048
+    assert engine_options(settings, StubRecord("x:1", loader={"n_ctx": 32768})).n_ctx == 8192
+
+
+def test_worker_argv_and_slug():
+    opts = ModelSettings(n_seq_max=2, n_ctx=1024, chat_template="chatml")
+    argv = worker_argv(["python", "-m", "w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), opts)
+    assert argv == ["python", "-m", "w", "--bind", "ipc:///r/a.sock", "--model-path", "/m.gguf", "--model-name", "a:b",
+                    "--n-seq-max", "2", "--n-ctx", "1024", "--chat-template", "chatml"]  # fmt: skip
+    assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
+
+
+# ---- processes ----------------------------------------------------------------------------
+
+
+async def test_concurrent_gets_share_one_start(short_tmp):
+    argv_file = short_tmp / "argv.txt"
+    m, logs = manager(short_tmp, "--start-delay", "0.5", "--argv-file", str(argv_file))
+    try:
+        h1, h2, h3 = await asyncio.gather(m.get(MODEL), m.get("fake"), m.get(MODEL))
+        assert h1 is h2 is h3
+        assert len(argv_file.read_text().splitlines()) == 1
+        assert f"ipc://{short_tmp}/run/fake-latest.sock" in argv_file.read_text()
+        [info] = m.running()
+        assert info.name == MODEL and info.pid == h1.process.pid and not info.remote
+        text, done = await run(h1, chat("p1", "hello from a child"))
+        assert text == "hello from a child" and done.finish_reason == FinishReason.STOP
+        assert any(e.get("event") == "fake_worker_ready" and e.get("source") == "worker" for e in logs.events())
+    finally:
+        await m.aclose()
+
+
+async def test_crash_fails_in_flight_and_next_get_restarts(short_tmp):
+    m, logs = manager(short_tmp)
+    try:
+        h = await m.get(MODEL)
+        first_pid = h.process.pid
+        stalled = asyncio.create_task(run(h, chat("s1", "x STALL")))
+        text, done = await run(h, chat("c1", "a b CRASH"))
+        assert text == "a b"
+        assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.WORKER_UNAVAILABLE
+        assert "exited with code 3" in done.error.message
+        _, other = await asyncio.wait_for(stalled, 5)
+        assert other.error.code == ErrorCode.WORKER_UNAVAILABLE
+        died = logs.events("worker_died")
+        assert len(died) == 1 and died[0]["model"] == MODEL
+        assert m.running() == []
+        h2 = await m.get(MODEL)
+        assert h2 is not h and h2.process.pid != first_pid
+        text, done = await run(h2, chat("c2", "back again"))
+        assert text == "back again" and done.finish_reason == FinishReason.STOP
+    finally:
+        await m.aclose()
+
+
+async def test_start_failure_is_worker_unavailable(short_tmp):
+    m, logs = manager(short_tmp, "--fail-start")
+    try:
+        with pytest.raises(GatewayError) as info:
+            await m.get(MODEL)
+        assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
+        assert "exited with code 2" in info.value.info.message and "cannot load model" in info.value.info.message
+        assert m.running() == []
+        with pytest.raises(GatewayError) as info:  # unknown names stay 404s, not start failures
+            await m.get("nope")
+        assert info.value.code == ErrorCode.MODEL_NOT_FOUND
+    finally:
+        await m.aclose()
+
+
+async def test_start_timeout_kills_the_process(short_tmp):
+    pid_file = short_tmp / "pid"
+    m, _ = manager(short_tmp, "--start-delay", "30", "--pid-file", str(pid_file), worker_start_timeout=1.0)
+    try:
+        with pytest.raises(GatewayError) as info:
+            await m.get(MODEL)
+        assert info.value.code == ErrorCode.WORKER_UNAVAILABLE and "within 1s" in info.value.info.message
+        with pytest.raises(ProcessLookupError):  # stopped and reaped
+            os.kill(int(pid_file.read_text()), 0)
+    finally:
+        await m.aclose()
+
+
+async def test_unload_aborts_and_stops_the_process(short_tmp):
+    m, logs = manager(short_tmp)
+    try:
+        h = await m.get(MODEL)
+        proc = h.process
+        stalled = asyncio.create_task(run(h, chat("u1", "a STALL")))
+        await asyncio.sleep(0.2)
+        assert await m.unload("fake") is True
+        _, done = await asyncio.wait_for(stalled, 5)
+        assert done.finish_reason == FinishReason.ABORT
+        assert proc.returncode == 0  # SIGTERM, clean exit
+        assert m.running() == []
+        assert logs.events("worker_died") == []  # an unload is not a crash
+        assert await m.unload(MODEL) is False
+    finally:
+        await m.aclose()
+
+
+async def test_aclose_stops_every_worker(short_tmp):
+    m, _ = manager(short_tmp)
+    h = await m.get(MODEL)
+    await m.aclose()
+    assert h.process.returncode is not None
+    with pytest.raises(GatewayError):
+        await m.get(MODEL)
+
+
+async def test_real_worker_fake_engine(short_tmp):
+    """The lead's worker (`python -m barrel_inference.worker --fake`) behind the manager."""
+    m, _ = manager(short_tmp, "--fake", command=[sys.executable, "-m", "barrel_inference.worker"])
+    try:
+        h = await m.get(MODEL)
+        assert h.hello.model == MODEL and h.hello.architecture == "fake"
+        text, done = await run(h, chat("r1", "hi", max_tokens=9))
+        assert text == "the quick" and done.finish_reason == FinishReason.LENGTH
+        assert done.usage.completion_tokens == 9
+        assert await m.unload(MODEL)
+        assert h.process.returncode == 0
+    finally:
+        await m.aclose()
