@@ -24,15 +24,16 @@ from .openai.convert import error_body, error_status
 from .workers import ModelManager
 
 
-def _family_routes() -> list:
-    routes = list(openai_routes.routes())
+def _families() -> list[Any]:
+    """The API families' route modules: each has `routes() -> list`, and may have `async aclose(app)`."""
+    families: list[Any] = [openai_routes]
     try:
-        from .ollama.routes import routes as ollama_routes
+        from .ollama import routes as ollama_routes
     except ImportError:
         pass
     else:
-        routes += list(ollama_routes())
-    return routes
+        families.append(ollama_routes)
+    return families
 
 
 def error_json(path: str, info: ErrorInfo, status: int | None = None) -> Response:
@@ -92,17 +93,25 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     if models is None:
         models = ModelManager(settings, registry, logger=log)
 
+    families = _families()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         await _startup(settings, registry, models, log)
         try:
             yield
         finally:
+            for family in families:
+                if hasattr(family, "aclose"):
+                    try:
+                        await family.aclose(app)
+                    except Exception as exc:  # noqa: BLE001 - stopping the workers must still happen
+                        log.error("shutdown_error", family=family.__name__, error=str(exc))
             await models.aclose()
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *_family_routes()],
+        routes=[*health.routes(), *(r for family in families for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )

@@ -21,13 +21,16 @@ Event = Delta | Done
 
 
 class Generation:
-    def __init__(self, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False) -> None:
+    def __init__(
+        self, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False, request_id: str | None = None
+    ) -> None:
         self.state = state
         self.api = api
         self.requested_model = model
         self.model = ""  # the registry name, once resolved
         self.submit = submit
         self.id = submit.id
+        self.request_id = request_id or submit.id  # the client's X-Request-Id when it sent one
         self.stream_response = stream_response
         self.stream: RequestStream | None = None
         self.error: GatewayError | None = None
@@ -37,9 +40,11 @@ class Generation:
         self._counted_active = False
 
     @classmethod
-    async def open(cls, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False) -> "Generation":
+    async def open(
+        cls, state: Any, *, api: str, model: str, submit: Submit, stream_response: bool = False, request_id: str | None = None
+    ) -> "Generation":
         """Start the request and wait for its first event. Raises GatewayError (already recorded)."""
-        gen = cls(state, api=api, model=model, submit=submit, stream_response=stream_response)
+        gen = cls(state, api=api, model=model, submit=submit, stream_response=stream_response, request_id=request_id)
         try:
             await gen._start()
         except GatewayError as exc:
@@ -140,6 +145,8 @@ class Generation:
             fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
         if timings is not None:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.request_id != self.id:
+            fields["id"] = self.id
         if self.error is not None:
             fields["error"] = self.error.info.message
         elif done is not None and done.error is not None:
@@ -147,7 +154,7 @@ class Generation:
         log = self.state.log
         emit = log.warning if (self.error is not None or (done is not None and done.error is not None)) else log.info
         emit(
-            "request", request_id=self.id, api=self.api, model=self.model or self.requested_model, status=status,
+            "request", request_id=self.request_id, api=self.api, model=self.model or self.requested_model, status=status,
             stream=self.stream_response, total_ms=round(total_s * 1000, 1), **fields,
         )  # fmt: skip
 

@@ -16,12 +16,15 @@ T = TypeVar("T")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def new_request_id(request: Request, prefix: str) -> str:
-    """The client's X-Request-Id when it is a sane token, else `prefix` + random hex."""
-    given = request.headers.get("x-request-id")
-    if given and _REQUEST_ID.match(given):
-        return given
+def new_id(prefix: str) -> str:
+    """A fresh id (`chatcmpl-…`, `cmpl-…`): unique, so it can name the request on the worker link."""
     return prefix + secrets.token_hex(12)
+
+
+def client_request_id(request: Request) -> str | None:
+    """The client's X-Request-Id when it is a sane token (logged and echoed, never used as a link id)."""
+    given = request.headers.get("x-request-id")
+    return given if given and _REQUEST_ID.match(given) else None
 
 
 class ClientDisconnected(Exception):

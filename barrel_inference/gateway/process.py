@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import json
 import os
 import re
@@ -64,6 +65,20 @@ def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelS
 def slug(name: str) -> str:
     """A file-name-safe form of a model name ('hf.co/org/m:q4' -> 'hf.co-org-m-q4')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+
+
+IPC_PATH_MAX = 100  # sockaddr_un paths hold 107 bytes on Linux, 103 on macOS
+
+
+def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str) -> str:
+    """`ipc://{run_dir}/{slug}.sock`, with the slug shortened (and hashed) where the path would be too long."""
+    base = str(run_dir).rstrip("/")
+    path = f"{base}/{slug(name)}.sock"
+    if len(path.encode()) > IPC_PATH_MAX:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        room = max(0, IPC_PATH_MAX - len(base.encode()) - len(digest) - 7)
+        path = f"{base}/{slug(name)[:room]}-{digest}.sock"
+    return "ipc://" + path
 
 
 def default_command() -> list[str]:

@@ -27,7 +27,7 @@ from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
 from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
-from .process import WorkerProcess, default_command, engine_options, slug, worker_argv
+from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
 
 UNLOAD_DRAIN_S = 2.0
 
@@ -190,7 +190,7 @@ class ModelManager:
     async def _spawn(self, record: Any, opts: Any, timeout: float) -> WorkerHandle:
         run_dir = self.settings.run_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
-        endpoint = f"ipc://{run_dir}/{slug(record.name)}.sock"
+        endpoint = ipc_endpoint(run_dir, record.name)
         proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts), self.log)
         await proc.start()
         link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)

@@ -254,15 +254,21 @@ async def test_health_and_metrics(gateway):
 
 async def test_one_log_line_per_request(gateway):
     r = await gateway.client.post("/v1/chat/completions", json=chat_body("a b c"), headers={"x-request-id": "my-req-1"})
-    assert r.json()["id"] == "my-req-1"
+    assert r.headers["x-request-id"] == "my-req-1"
+    assert r.json()["id"].startswith("chatcmpl-")
     lines = gateway.logs.events("request")
     assert len(lines) == 1
     line = lines[0]
-    assert line["request_id"] == "my-req-1" and line["api"] == "openai.chat" and line["model"] == MODEL
+    assert line["request_id"] == "my-req-1" and line["id"] == r.json()["id"] and line["api"] == "openai.chat" and line["model"] == MODEL
     assert line["status"] == FinishReason.STOP.value
     assert (line["prompt_tokens"], line["completion_tokens"], line["cached_tokens"]) == (3, 3, 2)
     assert (line["queue_ms"], line["prefill_ms"], line["decode_ms"]) == (1.0, 2.0, 3.0)
     assert line["total_ms"] > 0 and line["level"] == "info"
+    # the same X-Request-Id on concurrent requests is fine: link ids stay unique
+    same = {"x-request-id": "shared"}
+    rs = await asyncio.gather(*(gateway.client.post("/v1/chat/completions", json=chat_body(f"w{i}"), headers=same) for i in range(3)))
+    assert [r.status_code for r in rs] == [200, 200, 200]
+    assert sorted(r.json()["choices"][0]["message"]["content"] for r in rs) == ["w0", "w1", "w2"]
 
 
 async def test_stats_call(gateway):

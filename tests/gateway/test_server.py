@@ -21,11 +21,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class DefaultingRegistry(StubRegistry):
+    def __init__(self, *records) -> None:
+        super().__init__(*records)
+        self.ensured = 0
+
+    def ensure_default(self):
+        self.ensured += 1
+        return None
+
+
 @pytest.fixture
 async def server(tmp_path, fake_worker):
-    settings = make_settings(tmp_path, fake_worker.endpoint, host="127.0.0.1", port=free_port(), preload=[MODEL])
+    settings = make_settings(tmp_path, fake_worker.endpoint, host="127.0.0.1", port=free_port(),
+                             preload=["missing:1b", MODEL])  # fmt: skip
+    settings.embed_default_model = True
     logs = LogCapture(settings)
-    registry = StubRegistry(StubRecord(MODEL))
+    registry = DefaultingRegistry(StubRecord(MODEL))
     models = ModelManager(settings, registry, logger=logs.logger, heartbeat=(0.05, 0.5))
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop, registry=registry, models=models, logger=logs.logger))
@@ -39,9 +51,12 @@ async def server(tmp_path, fake_worker):
                 await asyncio.sleep(0.02)
         else:
             raise AssertionError("server did not come up")
+    assert registry.ensured == 1
+    assert [e["model"] for e in logs.events("model_preload_failed")] == ["missing:1b"]  # and the gateway still serves
     yield base, models, logs
     stop.set()
     await asyncio.wait_for(task, 15)
+    assert models.running() == [] and logs.events("gateway_stopped")
 
 
 async def test_openai_sdk_chat_plain_and_streamed(server, fake_worker):

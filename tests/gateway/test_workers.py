@@ -11,7 +11,7 @@ import pytest
 
 from barrel_inference.config import ModelSettings, Settings
 from barrel_inference.gateway.errors import GatewayError
-from barrel_inference.gateway.process import engine_options, slug, worker_argv
+from barrel_inference.gateway.process import engine_options, ipc_endpoint, slug, worker_argv
 from barrel_inference.gateway.workers import ModelManager
 from barrel_inference.protocol import ChatMessage, Done, ErrorCode, FinishReason, Submit
 
@@ -83,6 +83,9 @@ def test_worker_argv_and_slug():
     assert argv == ["python", "-m", "w", "--bind", "ipc:///r/a.sock", "--model-path", "/m.gguf", "--model-name", "a:b",
                     "--n-seq-max", "2", "--n-ctx", "1024", "--chat-template", "chatml"]  # fmt: skip
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
+    assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"
+    long_a, long_b = ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q4"), ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q5")
+    assert long_a != long_b and all(len(e) - len("ipc://") <= 100 and e.startswith("ipc:///run/x/hf.co-aaa") for e in (long_a, long_b))
 
 
 # ---- processes ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from ...protocol import Delta, Submit
 from ..errors import GatewayError, invalid
 from ..generation import Generation, record_rejected
-from ..http import ClientDisconnected, EventStreamResponse, JSONBody, new_request_id, until_disconnect
+from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 from .convert import (
     chat_response,
     chat_to_submit,
@@ -39,7 +39,7 @@ def error_response(exc: GatewayError, request_id: str | None = None) -> Response
 
 
 async def chat_completions(request: Request) -> Response:
-    rid = new_request_id(request, "chatcmpl-")
+    rid = new_id("chatcmpl-")
     try:
         req = decode(await request.body(), ChatCompletionRequest)
         submit = chat_to_submit(req, rid)
@@ -55,7 +55,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    rid = new_request_id(request, "cmpl-")
+    rid = new_id("cmpl-")
     try:
         req = decode(await request.body(), CompletionRequest)
         submit = completion_to_submit(req, rid)
@@ -71,8 +71,9 @@ async def completions(request: Request) -> Response:
 
 
 def _rejected(request: Request, api: str, rid: str, exc: GatewayError) -> Response:
-    record_rejected(request.app.state, api=api, request_id=rid, error=exc)
-    return error_response(exc, rid)
+    request_id = client_request_id(request) or rid
+    record_rejected(request.app.state, api=api, request_id=request_id, error=exc)
+    return error_response(exc, request_id)
 
 
 async def _generate(
@@ -86,11 +87,13 @@ async def _generate(
 ) -> Response:
     state = request.app.state
     created = int(time.time())
-    headers = {"x-request-id": submit.id}
+    request_id = client_request_id(request) or submit.id
+    headers = {"x-request-id": request_id}
+    opening = Generation.open(state, api=api, model=model, submit=submit, stream_response=stream, request_id=request_id)
     try:
-        gen = await until_disconnect(request, Generation.open(state, api=api, model=model, submit=submit, stream_response=stream))
+        gen = await until_disconnect(request, opening)
     except GatewayError as exc:
-        return error_response(exc, submit.id)
+        return error_response(exc, request_id)
     except ClientDisconnected:
         return Response(status_code=499)
     if stream:
@@ -101,11 +104,11 @@ async def _generate(
         return Response(status_code=499)
     except GatewayError as exc:
         gen.close(exc)
-        return error_response(exc, submit.id)
+        return error_response(exc, request_id)
     finally:
         gen.close()
     if (info := done_error(done)) is not None:
-        return error_response(GatewayError.from_info(info), submit.id)
+        return error_response(GatewayError.from_info(info), request_id)
     return JSONBody(make_response(submit.id, model, created, text, done), headers=headers)
 
 
