@@ -21,6 +21,9 @@ class FakeSampler:
     def __init__(self) -> None:
         self.i = 0
 
+    def free(self) -> None:
+        pass
+
 
 class FakeEngine:
     architecture = "fake"

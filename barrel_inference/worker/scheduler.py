@@ -86,10 +86,13 @@ class Scheduler:
                 items = list(self._inbox)
                 self._inbox.clear()
             out: dict[bytes, Tick] = {}
-            self._apply(items, out)
-            self._admit(out)
-            if self.active:
-                self._tick(out)
+            try:
+                self._apply(items, out)
+                self._admit(out)
+                if self.active:
+                    self._tick(out)
+            except Exception as exc:  # a bug must not kill the loop: fail what is in flight, go on
+                self._crashed(exc, out)
             self._send(out)
         self._shutdown()
 
@@ -257,6 +260,17 @@ class Scheduler:
         for r in self.active:
             r.seq = -1  # the whole context goes: nothing to release per sequence
             self._finish(r, out, FinishReason.ERROR, error=err)
+        self.active = []
+        self.pool.reset()
+        self.engine.recreate_context()
+
+    def _crashed(self, exc: Exception, out) -> None:
+        self.log("scheduler_error", error=repr(exc), in_flight=len(self.active))
+        err = ErrorInfo(ErrorCode.INTERNAL, f"internal error in the worker: {exc!r}", retryable=True)
+        for r in self.active:
+            if r.phase is not Phase.DONE:
+                r.seq = -1
+                self._finish(r, out, FinishReason.ERROR, error=err)
         self.active = []
         self.pool.reset()
         self.engine.recreate_context()

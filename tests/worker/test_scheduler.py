@@ -1,0 +1,180 @@
+"""The continuous-batching scheduler on the fake engine (deterministic text) and the tiny GGUF (real llama.cpp)."""
+
+import time
+
+import pytest
+
+from barrel_inference.protocol import FinishReason
+from barrel_inference.worker.fake import TEXT, FakeEngine
+
+from .harness import Running, make_request
+
+
+class RecordingEngine(FakeEngine):
+    """Fake engine that records every batch it decodes."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.batches = []
+        self.fail_next = False
+
+    def decode(self, tokens, pos, seqs, logits):
+        self.batches.append((list(seqs), list(logits)))
+        if self.fail_next:
+            self.fail_next = False
+            return -3
+        return super().decode(tokens, pos, seqs, logits)
+
+
+def test_stop_sequence_split_across_tokens_is_honoured_and_never_emitted():
+    eng = FakeEngine(tps=0)
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=200, stop=["own f"]))  # byte tokens: spans 5 tokens
+        c.wait(["a"])
+    done = c.done()["a"]
+    assert done.finish_reason is FinishReason.STOP and done.stop_sequence == "own f"
+    assert c.text("a") == "the quick br"
+
+
+def test_max_tokens_gives_length_and_exact_count():
+    eng = FakeEngine()
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=7))
+        c.wait(["a"])
+    d = c.done()["a"]
+    assert d.finish_reason is FinishReason.LENGTH and d.usage.completion_tokens == 7
+    assert c.text("a") == TEXT[:7]
+
+
+def test_context_full_gives_length():
+    eng = FakeEngine(n_ctx=32)
+    with Running(eng, n_ctx=32) as (s, c):
+        s.submit(make_request(eng, "a", "x" * 20, max_tokens=None))
+        c.wait(["a"])
+    d = c.done()["a"]
+    assert d.finish_reason is FinishReason.LENGTH
+    assert d.usage.prompt_tokens + d.usage.completion_tokens == 32
+
+
+def test_late_request_joins_running_batch_next_tick():
+    eng = RecordingEngine(tps=200)  # 5 ms per tick
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=100))
+        c.wait_for(lambda: c.first_delta_time("a") is not None)
+        s.submit(make_request(eng, "b", "hello", max_tokens=5))
+        c.wait(["a", "b"])
+    # b's first token arrived while a was still generating
+    end_a = next(ts for ts, _, t in c.ticks if any(d.id == "a" for d in t.done))
+    assert c.first_delta_time("b") < end_a
+    # and at least one batch held both sequences together
+    assert any(len(set(seqs)) == 2 for seqs, _ in eng.batches)
+
+
+def test_abort_frees_the_sequence_within_one_tick():
+    eng = RecordingEngine(n_seq_max=1, tps=100)
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=10_000))
+        s.submit(make_request(eng, "b", "hi", max_tokens=3))  # waits: only one sequence
+        c.wait_for(lambda: c.first_delta_time("a") is not None)
+        n_before = len(eng.batches)
+        s.abort(["a"])
+        c.wait(["a", "b"])
+        assert c.done()["a"].finish_reason is FinishReason.ABORT
+        assert c.done()["b"].finish_reason is FinishReason.LENGTH
+        # b was admitted right after the abort: within two decodes of it
+        first_b = next(i for i, (seqs, _) in enumerate(eng.batches) if i >= n_before and seqs and eng.batches[i][0] == [0] * len(seqs) and len(seqs) > 1)
+        assert first_b - n_before <= 2
+        s.abort(["a", "zzz"])  # idempotent: no second done, no error
+        time.sleep(0.05)
+    assert sum(1 for _, _, t in c.ticks for d in t.done if d.id == "a") == 1
+
+
+def test_long_prompt_is_chunked_and_never_stalls_running_streams():
+    eng = RecordingEngine(tps=1000)
+    with Running(eng, prefill_chunk=64) as (s, c):
+        s.submit(make_request(eng, "run", "go", max_tokens=200))
+        c.wait_for(lambda: c.first_delta_time("run") is not None)
+        s.submit(make_request(eng, "long", "y" * 1000, max_tokens=2))
+        c.wait(["run", "long"])
+    # every batch that carried part of the long prompt also carried the running stream's token,
+    # and no batch carried more than one chunk of it
+    seq_long = None
+    for seqs, logits in eng.batches:
+        counts = {q: seqs.count(q) for q in set(seqs)}
+        big = [q for q, n in counts.items() if n > 2]
+        if big:
+            seq_long = big[0]
+            assert counts[seq_long] <= 64
+            assert len(counts) == 2, "a prefill chunk ran without the decoding stream"
+    assert seq_long is not None
+    assert c.done()["long"].usage.prompt_tokens == 1000
+
+
+def test_failed_decode_fails_only_requests_in_flight_and_recovers():
+    eng = RecordingEngine(n_seq_max=1, tps=100)
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=1000))
+        c.wait_for(lambda: c.first_delta_time("a") is not None)
+        eng.fail_next = True
+        c.wait(["a"])
+        s.submit(make_request(eng, "b", "hi", max_tokens=3))
+        c.wait(["b"])
+    a, b = c.done()["a"], c.done()["b"]
+    assert a.finish_reason is FinishReason.ERROR and a.error.code.value == "decode_failed" and a.error.retryable
+    assert b.finish_reason is FinishReason.LENGTH and c.text("b") == TEXT[:3]
+
+
+def test_stats_profile_counts_ticks():
+    eng = FakeEngine()
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "a", "hi", max_tokens=5))
+        c.wait(["a"])
+        st = s.stats()
+    assert st["profile"]["ticks"] == 5 and st["requests_total"] == 1
+    assert set(st["profile"]["ms_per_tick"]) == {"build", "decode", "sample", "detokenize", "send", "total"}
+
+
+# ---- the real engine on the tiny GGUF ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_gguf):
+    from barrel_inference.worker.engine import LlamaEngine
+
+    e = LlamaEngine(str(tiny_gguf), n_ctx=512, n_seq_max=4, n_batch=256, threads=2)
+    yield e
+    e.close()
+
+
+def test_identical_greedy_requests_batched_together_agree(tiny_engine):
+    with Running(tiny_engine) as (s, c):
+        for i in range(4):
+            s.submit(make_request(tiny_engine, f"r{i}", "the cat sat", max_tokens=24))
+        c.wait([f"r{i}" for i in range(4)])
+    texts = {c.text(f"r{i}") for i in range(4)}
+    assert len(texts) == 1 and all(c.done()[f"r{i}"].usage.completion_tokens == 24 for i in range(4))
+
+
+def test_session_reuses_its_kv_prefix(tiny_engine):
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "t1", "hello there, general", max_tokens=8, session="S"))
+        c.wait(["t1"])
+        s.submit(make_request(tiny_engine, "t2", "hello there, general kenobi", max_tokens=8, session="S"))
+        s.submit(make_request(tiny_engine, "t3", "hello there, general kenobi", max_tokens=8))
+        c.wait(["t2", "t3"])
+    d = c.done()
+    assert d["t1"].usage.cached_tokens == 0
+    n1 = len(tiny_engine.tokenize("hello there, general", add_special=False))
+    assert d["t2"].usage.cached_tokens == n1  # the whole first prompt was already in the seq's KV
+    assert d["t3"].usage.cached_tokens == 0  # no session: cold
+
+
+def test_sampling_with_seed_is_reproducible(tiny_engine):
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "x", "abc", max_tokens=16, temperature=1.0, seed=42, top_k=0, top_p=1.0, min_p=0.0))
+        c.wait(["x"])
+        s.submit(make_request(tiny_engine, "y", "abc", max_tokens=16, temperature=1.0, seed=42, top_k=0, top_p=1.0, min_p=0.0))
+        s.submit(make_request(tiny_engine, "z", "abc", max_tokens=16, temperature=1.0, seed=7, top_k=0, top_p=1.0, min_p=0.0))
+        c.wait(["y", "z"])
+    assert c.text("x") == c.text("y")
+    assert c.text("x") != c.text("z")
