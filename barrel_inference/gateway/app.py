@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -65,6 +65,8 @@ class ErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client left while its request was being read: nobody to answer
         except Exception as exc:  # noqa: BLE001 - the last line of defence
             self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
             if started:

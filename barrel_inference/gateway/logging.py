@@ -1,6 +1,9 @@
 """structlog for the gateway, built from the settings: JSON lines (default) or a console renderer.
 
-No global configuration: `make_logger(settings)` returns a bound logger that the app passes around.
+`make_logger(settings)` returns a bound logger that the app passes around (no global state).
+`configure_process_logging(settings)` is for a process's entry point only (`server.run`): it gives
+structlog's global configuration the same shape, so modules that log through
+`structlog.get_logger()` (the registry, for one) write the same lines to the same place.
 """
 
 from __future__ import annotations
@@ -14,19 +17,34 @@ import structlog
 from ..config import Settings
 
 
-def make_logger(settings: Settings, *, stream: TextIO | None = None, name: str = "barrel_inference.gateway") -> Any:
+def _level(settings: Settings) -> int:
     level = std_logging.getLevelName(settings.log_level.upper())
-    if not isinstance(level, int):
-        level = std_logging.INFO
+    return level if isinstance(level, int) else std_logging.INFO
+
+
+def _processors(settings: Settings) -> list:
     renderer = structlog.processors.JSONRenderer() if settings.log_json else structlog.dev.ConsoleRenderer(colors=False)
+    return [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
+
+
+def make_logger(settings: Settings, *, stream: TextIO | None = None, name: str = "barrel_inference.gateway") -> Any:
     return structlog.wrap_logger(
         structlog.PrintLogger(stream or sys.stderr),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=_processors(settings),
+        wrapper_class=structlog.make_filtering_bound_logger(_level(settings)),
         logger_name=name,
+    )
+
+
+def configure_process_logging(settings: Settings) -> None:
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, *_processors(settings)],
+        wrapper_class=structlog.make_filtering_bound_logger(_level(settings)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
     )

@@ -11,7 +11,7 @@ from hypercorn.config import Config
 
 from ..config import Settings
 from .app import create_app
-from .logging import make_logger
+from .logging import configure_process_logging, make_logger
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -35,6 +35,8 @@ async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs)
 
 def run(settings: Settings) -> None:
     """Block serving until SIGINT or SIGTERM."""
+
+    configure_process_logging(settings)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -301,3 +301,11 @@ async def test_an_unexpected_exception_still_answers_json(make_gateway, fake_wor
     r = await gw.client.get("/api/stats")
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: disk on fire"}
     assert [e["path"] for e in gw.logs.events("unhandled_error")] == ["/v1/models", "/api/stats"]
+
+
+async def test_stream_with_no_output_still_finishes(gateway):
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("", stream=True))
+    events = sse_events(r.text)
+    assert r.status_code == 200 and len(events) == 3
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[1]["choices"][0]["finish_reason"] == "stop" and events[2] == "[DONE]"
