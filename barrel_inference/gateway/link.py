@@ -20,6 +20,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
 from ..protocol import (
     Abort,
@@ -54,6 +55,7 @@ class WorkerLink:
         heartbeat_interval: float | None = None,
         heartbeat_timeout: float | None = None,
         on_lost: Callable[["WorkerLink", str], None] | None = None,
+        watch_connection: bool = False,
         logger: Any = None,
     ) -> None:
         self.endpoint = endpoint
@@ -71,6 +73,7 @@ class WorkerLink:
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
         self._on_lost = on_lost
+        self._watch_connection = watch_connection
         self._log = logger
         self._last_seen = time.monotonic()
         self._closed = False
@@ -118,6 +121,9 @@ class WorkerLink:
         self._last_seen = time.monotonic()
         if self._hb_interval and self._hb_timeout:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"link-hb-{self.name}"))
+        if self._watch_connection:
+            monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._tasks.append(asyncio.create_task(self._monitor_loop(monitor), name=f"link-monitor-{self.name}"))
         return hello
 
     async def close(self, reason: str = "the link to the worker was closed") -> None:
@@ -200,14 +206,21 @@ class WorkerLink:
     # ---- loops ------------------------------------------------------------------------
     async def _send_loop(self) -> None:
         assert self._sock is not None
-        while True:
-            body = await self._outbox.get()
-            await self._sock.send(body)
+        try:
+            while True:
+                body = await self._outbox.get()
+                await self._sock.send(body)
+        except zmq.ZMQError as exc:
+            self.lose(f"the link to the worker for {self.name} failed: {exc}")
 
     async def _recv_loop(self) -> None:
         assert self._sock is not None
         while True:
-            frames = await self._sock.recv_multipart(copy=True)
+            try:
+                frames = await self._sock.recv_multipart(copy=True)
+            except zmq.ZMQError as exc:
+                self.lose(f"the link to the worker for {self.name} failed: {exc}")
+                return
             self._last_seen = time.monotonic()
             body = next((f for f in frames if f), None)
             if body is None:
@@ -217,7 +230,21 @@ class WorkerLink:
             except msgspec.DecodeError as exc:
                 self._warn("undecodable message from worker", error=str(exc))
                 continue
-            self._dispatch(msg)
+            try:
+                self._dispatch(msg)
+            except Exception as exc:  # noqa: BLE001 - one bad message must not stop the link
+                self._warn("failed to handle a message from the worker", error=repr(exc))
+
+    async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
+        """A remote worker whose connection drops (it exited, or restarted) loses what was in flight."""
+        try:
+            while True:
+                event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self.lose(f"the connection to the worker for {self.name} at {self.endpoint} was lost")
+                    return
+        finally:
+            monitor.close(linger=0)
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Tick):

@@ -115,13 +115,15 @@ class ModelManager:
         worker_command: Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
         heartbeat: tuple[float, float] = (5.0, 30.0),
+        stop_timeout: float = 10.0,
         ctx: zmq.asyncio.Context | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.log = logger or structlog.get_logger("barrel_inference.gateway")
         self.command = list(worker_command or default_command()) + list(extra_args)
-        self.heartbeat = heartbeat
+        self.heartbeat = heartbeat  # (interval, timeout) of pings to a worker that runs elsewhere
+        self.stop_timeout = stop_timeout  # SIGTERM, then SIGKILL after this many seconds
         self._ctx = ctx
         self._handles: dict[str, WorkerHandle] = {}
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
@@ -174,7 +176,7 @@ class ModelManager:
         if opts.endpoint:
             link = WorkerLink(
                 opts.endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
-                heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, logger=self.log,
+                heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, watch_connection=True, logger=self.log,
             )  # fmt: skip
             hello = await link.connect(timeout)
             handle = WorkerHandle(record, link, hello, None, self.settings.max_queue)
@@ -284,7 +286,7 @@ class ModelManager:
                 await asyncio.sleep(0.02)
         await handle.link.close(reason)
         if handle.process is not None:
-            rc = await handle.process.stop()
+            rc = await handle.process.stop(self.stop_timeout)
             self.log.info("worker_stopped", model=handle.name, returncode=rc, reason=reason)
         else:
             self.log.info("worker_disconnected", model=handle.name, reason=reason)

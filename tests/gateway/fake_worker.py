@@ -172,6 +172,7 @@ async def _main(argv: list[str]) -> int:
     p.add_argument("--fail-start", action="store_true", help="exit with code 2 before binding")
     p.add_argument("--argv-file", default=None, help="write the command line here (tests check the flags)")
     p.add_argument("--pid-file", default=None)
+    p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a stuck worker)")
     args, _rest = p.parse_known_args(argv)
     if args.argv_file:
         with open(args.argv_file, "a") as f:
@@ -188,7 +189,10 @@ async def _main(argv: list[str]) -> int:
     print('{"event": "fake_worker_ready", "pid": %d}' % os.getpid(), file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
     await worker.stop()
     return 0

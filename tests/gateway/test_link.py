@@ -133,6 +133,7 @@ async def test_duplicate_request_id_is_refused(link):
 
 
 async def test_heartbeat_loss_fails_in_flight_requests():
+    """A worker that stops answering (hung, or the network dropped silently) is lost after the timeout."""
     worker = FakeWorker()
     await worker.start()
     lost = []
@@ -140,17 +141,35 @@ async def test_heartbeat_loss_fails_in_flight_requests():
     try:
         await link.connect(timeout=5)
         stream = link.submit(chat("h1", "a b STALL"))
-        await asyncio.sleep(0.3)
-        assert worker.pings > 0 and link.alive  # pongs keep it alive
-        worker.answer_pings = False
-        await worker.kill()
+        await asyncio.sleep(0.6)
+        assert worker.pings > 3 and link.alive  # pongs keep it alive past the timeout
+        worker.answer_pings = False  # frozen: the socket stays open, nothing comes back
         _, done = await asyncio.wait_for(drain(stream), 5)
         assert done.finish_reason == FinishReason.ERROR
         assert done.error.code == ErrorCode.WORKER_UNAVAILABLE and done.error.retryable
-        assert lost and not link.alive
+        assert "stopped answering" in done.error.message
+        assert len(lost) == 1 and not link.alive
         with pytest.raises(GatewayError) as info:
             link.submit(chat("h2", "again"))
         assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
+    finally:
+        await link.close()
+        await worker.stop()
+
+
+async def test_dropped_connection_fails_in_flight_requests_at_once():
+    worker = FakeWorker()
+    await worker.start()
+    lost = []
+    link = WorkerLink(worker.endpoint, name="drop", watch_connection=True, on_lost=lambda l, r: lost.append(r))
+    try:
+        await link.connect(timeout=5)
+        stream = link.submit(chat("d1", "a STALL"))
+        await stream.__anext__()
+        await worker.kill()  # no heartbeat configured: only the connection drop tells
+        _, done = await asyncio.wait_for(drain(stream), 5)
+        assert done.error.code == ErrorCode.WORKER_UNAVAILABLE and "connection" in done.error.message
+        assert len(lost) == 1
     finally:
         await link.close()
         await worker.stop()

@@ -177,6 +177,18 @@ async def test_unload_aborts_and_stops_the_process(short_tmp):
         await m.aclose()
 
 
+async def test_unload_kills_a_worker_that_ignores_sigterm(short_tmp):
+    m, logs = manager(short_tmp, "--ignore-term")
+    m.stop_timeout = 0.5
+    try:
+        h = await m.get(MODEL)
+        assert await m.unload(MODEL)
+        assert h.process.returncode == -9
+        assert [e["model"] for e in logs.events("worker_kill")] == [MODEL]
+    finally:
+        await m.aclose()
+
+
 async def test_aclose_stops_every_worker(short_tmp):
     m, _ = manager(short_tmp)
     h = await m.get(MODEL)
