@@ -1,0 +1,150 @@
+"""The real daemon (gateway + worker processes) on a generated tiny GGUF: fast engine-path checks."""
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from .daemon import Daemon
+
+EOS_BIAS = {"266": -100}  # the tiny model's <|im_end|>: suppressed so lengths are exact
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_gguf, tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("daemon"), {"tiny": tiny_gguf}, n_seq_max=2, n_ctx=2048, threads=1)
+    with d:
+        yield d
+
+
+async def stream_chat(client, body, on_chunk=None):
+    """POST a streaming chat; returns (chunks, arrival times)."""
+    chunks, times = [], []
+    async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            times.append(time.perf_counter())
+            chunks.append(line[6:])
+            if on_chunk is not None and await on_chunk(len(chunks)):
+                break
+    return chunks, times
+
+
+def chat(content, **kw):
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "temperature": 0, "logit_bias": EOS_BIAS, **kw}
+
+
+async def test_chat_completion_shape_and_usage(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r = await c.post("/v1/chat/completions", json=chat("hello", max_tokens=12))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "tiny"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 12 and body["usage"]["prompt_tokens"] > 5
+
+
+async def test_stream_ends_with_done_and_include_usage_chunk(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        chunks, _ = await stream_chat(c, chat("hi", max_tokens=6, stream_options={"include_usage": True}))
+    assert chunks[-1] == "[DONE]"
+    usage_chunk = json.loads(chunks[-2])
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 6
+    finals = [json.loads(x)["choices"][0]["finish_reason"] for x in chunks[:-2]]
+    assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+
+
+async def test_concurrent_streams_interleave(daemon):
+    second_done = asyncio.Event()
+    after_second = []
+
+    async def first_until_after_second(n):
+        if second_done.is_set():
+            after_second.append(n)
+        return len(after_second) >= 3  # the first kept streaming after the second finished
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        started = asyncio.Event()
+
+        async def on_first(n):
+            started.set()
+            return await first_until_after_second(n)
+
+        first = asyncio.create_task(stream_chat(c, chat("first", max_tokens=100000), on_chunk=on_first))
+        await asyncio.wait_for(started.wait(), 30)
+        chunks2, _ = await stream_chat(c, chat("second", max_tokens=3))
+        second_done.set()
+        await asyncio.wait_for(first, 30)
+    assert json.loads(chunks2[-2])["choices"][0]["finish_reason"] == "length"
+    assert len(after_second) >= 3, "the first stream had ended before the second was served"
+
+
+async def test_over_long_prompt_is_400_streamed_or_not(daemon):
+    long = "word " * 3000
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r1 = await c.post("/v1/chat/completions", json=chat(long, max_tokens=4))
+        r2 = await c.post("/v1/chat/completions", json=chat(long, max_tokens=4, stream=True))
+        r3 = await c.post("/v1/completions", json={"model": "tiny", "prompt": long, "max_tokens": 4})
+    for r in (r1, r2, r3):
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and "2048" in err["message"]
+
+
+async def test_disconnect_frees_the_sequence_for_the_next_request(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        async def two_chunks(n):
+            return n >= 2
+
+        # fill both sequences with endless streams, drop them after two chunks each
+        await asyncio.gather(*(stream_chat(c, chat(f"s{i}", max_tokens=100000), on_chunk=two_chunks) for i in range(2)))
+        t0 = time.perf_counter()
+        r = await c.post("/v1/chat/completions", json=chat("after", max_tokens=4))
+        elapsed = time.perf_counter() - t0
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        stats = (await c.get("/api/stats", params={"model": "tiny"})).json()
+    # the worker ran nothing after the new request ended: both dropped streams were aborted
+    assert stats["stats"]["running"] == 0 and stats["stats"]["seqs_busy"] == 0, stats
+    assert elapsed < 30
+
+
+async def test_unknown_model_is_404_and_bad_field_is_400(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r404 = await c.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        r400 = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})
+    assert r404.status_code == 404 and r404.json()["error"]["code"] == "model_not_found"
+    assert r400.status_code == 400 and r400.json()["error"]["param"] == "temperature"
+
+
+async def test_models_health_and_metrics(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        assert (await c.get("/health")).json() == {"status": "ok"}
+        ids = [m["id"] for m in (await c.get("/v1/models")).json()["data"]]
+        metrics = (await c.get("/metrics")).text
+    assert "tiny:latest" in ids or "tiny" in ids
+    assert "barrel_inference_requests_total" in metrics
+    assert "barrel_inference_completion_tokens_total" in metrics
+
+
+async def test_killed_worker_fails_in_flight_and_the_next_request_restarts_it(daemon):
+    import os
+    import signal
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        assert (await c.post("/v1/chat/completions", json=chat("warm", max_tokens=2))).status_code == 200
+        workers = daemon.children()
+        assert workers, "no worker process under the gateway"
+        task = asyncio.create_task(c.post("/v1/chat/completions", json=chat("doomed", max_tokens=100000)))
+        await asyncio.sleep(0.5)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        r = await task
+        assert r.status_code in (500, 502, 503) and "error" in r.json()
+        assert (await c.get("/health")).status_code == 200
+        r2 = await c.post("/v1/chat/completions", json=chat("again", max_tokens=3))
+    assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] == 3
