@@ -19,7 +19,6 @@ import time
 from typing import Any, Sequence
 
 import msgspec
-import structlog
 import zmq.asyncio
 
 from ..config import Settings
@@ -27,6 +26,7 @@ from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
 from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
+from .logging import make_logger
 from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
 
 UNLOAD_DRAIN_S = 2.0
@@ -120,7 +120,7 @@ class ModelManager:
     ) -> None:
         self.settings = settings
         self.registry = registry
-        self.log = logger or structlog.get_logger("barrel_inference.gateway")
+        self.log = logger if logger is not None else make_logger(settings)
         self.command = list(worker_command or default_command()) + list(extra_args)
         self.heartbeat = heartbeat  # (interval, timeout) of pings to a worker that runs elsewhere
         self.stop_timeout = stop_timeout  # SIGTERM, then SIGKILL after this many seconds
