@@ -23,6 +23,7 @@ import zmq.asyncio
 import zmq.utils.monitor
 
 from ..protocol import (
+    PROTOCOL_VERSION,
     Abort,
     Call,
     CallResult,
@@ -115,6 +116,11 @@ class WorkerLink:
                     break
                 except asyncio.TimeoutError:
                     continue
+            if hello.protocol_version != PROTOCOL_VERSION:
+                raise worker_unavailable(
+                    f"the worker for {self.name} at {self.endpoint} speaks protocol version {hello.protocol_version}, "
+                    f"this gateway speaks {PROTOCOL_VERSION}; run the same barrel-inference version on both"
+                )
         except BaseException:
             await self.close()
             raise

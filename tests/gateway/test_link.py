@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import msgspec
 import pytest
 
 from barrel_inference.gateway.errors import GatewayError
 from barrel_inference.gateway.link import WorkerLink
 from barrel_inference.protocol import (
-    Call, ChatMessage, Delta, Done, ErrorCode, FinishReason, Submit,
+    PROTOCOL_VERSION, Call, ChatMessage, Delta, Done, ErrorCode, FinishReason, Submit,
 )  # fmt: skip
 
 from .fake_worker import FakeWorker
@@ -73,6 +74,20 @@ async def test_connect_timeout_is_worker_unavailable():
         await link.connect(timeout=0.5)
     assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
     assert info.value.info.retryable
+
+
+async def test_protocol_version_mismatch_is_refused():
+    worker = FakeWorker()
+    worker.hello = lambda: msgspec.structs.replace(FakeWorker.hello(worker), protocol_version=PROTOCOL_VERSION + 1)
+    await worker.start()
+    link = WorkerLink(worker.endpoint, name="future")
+    try:
+        with pytest.raises(GatewayError) as info:
+            await link.connect(timeout=5)
+        assert info.value.code == ErrorCode.WORKER_UNAVAILABLE and "protocol version" in info.value.info.message
+        assert not link.alive
+    finally:
+        await worker.stop()
 
 
 async def test_submit_streams_deltas_then_done(link):
