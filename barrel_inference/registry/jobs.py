@@ -164,6 +164,7 @@ class PullManager:
 
     def __init__(self, registry, *, fetcher: Fetcher | None = None, retention: float | None = None):
         self.registry = registry
+        self.log = getattr(registry, "log", log)
         self.fetcher = fetcher or Fetcher(registry.settings)
         self.retention = retention if retention is not None else getattr(registry.settings, "pull_retention", 300.0)
         self._jobs: dict[str, PullJob] = {}
@@ -232,15 +233,15 @@ class PullManager:
             else:
                 record = await self._pull_blob(job, plan)
             job.finish(record)
-            log.info("pull_done", spec=job.spec, model=record.name, size=record.size)
+            self.log.info("pull_done", spec=job.spec, model=record.name, size=record.size)
         except RegistryError as exc:
-            log.warning("pull_failed", spec=job.spec, code=exc.code, error=exc.message)
+            self.log.warning("pull_failed", spec=job.spec, code=exc.code, error=exc.message)
             job.fail(exc)
         except asyncio.CancelledError:
             job.fail(RegistryError("cancelled", f"the pull of {job.spec} was cancelled; pulling again resumes it"))
             raise
         except Exception as exc:  # a bug, reported as such rather than hanging the waiters
-            log.exception("pull_crashed", spec=job.spec)
+            self.log.exception("pull_crashed", spec=job.spec)
             job.fail(RegistryError("internal", f"the pull of {job.spec} failed unexpectedly: {exc!r}"))
         finally:
             if self._active.get(key) is job:

@@ -23,8 +23,9 @@ DEFAULT_MODEL = "gemma3:270m"
 
 
 class Registry:
-    def __init__(self, settings):
+    def __init__(self, settings, *, logger=None):
         self.settings = settings
+        self.log = logger if logger is not None else log
         self.layout = CacheLayout(settings.cache_dir())
         self._protected: dict[str, int] = {}  # blob file names a pull in progress is about to refer to
         self._protected_lock = threading.Lock()
@@ -98,7 +99,7 @@ class Registry:
             try:
                 out.append(self._load(mf))
             except (OSError, ValueError, KeyError) as exc:
-                log.warning("manifest_unreadable", path=str(mf), error=str(exc))
+                self.log.warning("manifest_unreadable", path=str(mf), error=str(exc))
         return sorted(out, key=lambda r: r.name)
 
     # ---- writing ------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ class Registry:
             data["template"] = template
         self.layout.ensure()
         atomic_write_json(self.layout.manifest_path(name), data)
-        log.info("model_registered", name=name, source=source.get("spec"), path=str(gguf_path))
+        self.log.info("model_registered", name=name, source=source.get("spec"), path=str(gguf_path))
         return self.resolve(name)
 
     def register_local(self, name: str, path: str | os.PathLike, *, parameters: dict | None = None) -> ModelRecord:
