@@ -26,7 +26,7 @@ class Daemon:
     """`bictl serve` in a subprocess with its own cache and runtime dirs."""
 
     def __init__(self, root: Path, models: dict[str, Path], *, n_seq_max: int = 4, n_ctx: int = 1024,
-                 threads: int = 2, extra: str = ""):  # fmt: skip
+                 threads: int = 2, extra: str = "", embed_default: bool = False):  # fmt: skip
         self.root = Path(root)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -34,7 +34,7 @@ class Daemon:
         self.log_path = self.root / "daemon.log"
         self.config.write_text(
             f'host = "127.0.0.1"\nport = {self.port}\nmodel_cache_dir = "{self.root / "models"}"\n'
-            f'runtime_dir = "{self.root / "run"}"\nembed_default_model = false\n{extra}\n'
+            f'runtime_dir = "{self.root / "run"}"\nembed_default_model = {str(embed_default).lower()}\n{extra}\n'
             f"[defaults]\nn_seq_max = {n_seq_max}\nn_ctx = {n_ctx}\nthreads = {threads}\nprefill_chunk = 128\n"
         )
         settings = load_settings(self.config, env={})

@@ -1,0 +1,97 @@
+"""The real daemon serving the real Gemma 3 270M — the embedded default model — for real text."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from .daemon import Daemon
+
+pytestmark = pytest.mark.gemma
+MODEL = "gemma3:270m"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    # no model registered: `serve` must register the packaged Gemma 3 270M itself
+    d = Daemon(tmp_path_factory.mktemp("gemma"), {}, n_seq_max=4, n_ctx=1024, threads=2, embed_default=True)
+    with d.start(timeout=180):
+        yield d
+
+
+async def complete(c, prompt, **kw):
+    r = await c.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+async def test_embedded_default_model_is_listed_and_answers_a_chat(daemon, gemma_gguf):
+    from barrel_inference.worker.engine import LlamaEngine
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        ids = [m["id"] for m in (await c.get("/v1/models")).json()["data"]]
+        r = await c.post("/v1/chat/completions", json={
+            "model": MODEL, "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        })  # fmt: skip
+        real = await complete(c, "The days of the week are Monday, Tuesday,", max_tokens=4)
+    assert MODEL in ids
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"].strip()
+    # the GGUF has no template: the built-in Gemma turn format was applied
+    rendered = "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
+    engine = LlamaEngine(str(gemma_gguf), n_ctx=64, n_seq_max=1, threads=1)
+    try:
+        assert body["usage"]["prompt_tokens"] == len(engine.tokenize(rendered, add_special=False))
+    finally:
+        engine.close()
+    assert "wednesday" in real["text"].lower()  # real text from the real model
+
+
+async def test_max_tokens_gives_length(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        choice = await complete(c, "Once upon a time", max_tokens=5)
+    assert choice["finish_reason"] == "length"
+
+
+async def test_stop_sequence_split_across_tokens(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        free = (await complete(c, "The days of the week are Monday, Tuesday,", max_tokens=24))["text"]
+        words = free.split()
+        assert len(words) >= 4, free
+        stop = " ".join(words[1:3])  # two words: necessarily more than one token
+        cut = free.index(stop)
+        stopped = await complete(c, "The days of the week are Monday, Tuesday,", max_tokens=24, stop=[stop])
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["text"] == free[:cut]
+    assert stop not in stopped["text"]
+
+
+async def test_concurrent_streams_never_mix(daemon):
+    words = ["apple", "river", "cloud", "stone"]
+
+    async def repeat(c, word):
+        chunks = []
+        body = {"model": MODEL, "prompt": " ".join([word] * 12), "max_tokens": 12, "temperature": 0, "stream": True}
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:])["choices"][0]["text"])
+        return "".join(chunks)
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        outs = await asyncio.gather(*(repeat(c, w) for w in words))
+    for word, out in zip(words, outs):
+        assert word in out.lower(), (word, out)
+        assert not any(other in out.lower() for other in words if other != word), (word, out)
+
+
+async def test_identical_greedy_requests_batched_together_agree(daemon):
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        outs = await asyncio.gather(*(complete(c, "The best way to learn a language is", max_tokens=24) for _ in range(4)))
+    texts = {o["text"] for o in outs}
+    assert len(texts) == 1, texts
+    assert len(outs[0]["text"].split()) >= 5
