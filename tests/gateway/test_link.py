@@ -152,7 +152,7 @@ async def test_heartbeat_loss_fails_in_flight_requests():
     worker = FakeWorker()
     await worker.start()
     lost = []
-    link = WorkerLink(worker.endpoint, name="hb", heartbeat_interval=0.05, heartbeat_timeout=0.4, on_lost=lambda l, r: lost.append(r))
+    link = WorkerLink(worker.endpoint, name="hb", heartbeat_interval=0.05, heartbeat_timeout=0.4, on_lost=lambda _link, reason: lost.append(reason))
     try:
         await link.connect(timeout=5)
         stream = link.submit(chat("h1", "a b STALL"))
@@ -176,7 +176,7 @@ async def test_dropped_connection_fails_in_flight_requests_at_once():
     worker = FakeWorker()
     await worker.start()
     lost = []
-    link = WorkerLink(worker.endpoint, name="drop", watch_connection=True, on_lost=lambda l, r: lost.append(r))
+    link = WorkerLink(worker.endpoint, name="drop", watch_connection=True, on_lost=lambda _link, reason: lost.append(reason))
     try:
         await link.connect(timeout=5)
         stream = link.submit(chat("d1", "a STALL"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
-from ..errors import GatewayError, invalid, unsupported
+from ..errors import invalid, unsupported
 from .wire import ChatCompletionRequest, CompletionRequest, Message
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
