@@ -107,7 +107,7 @@ def show(state: State, name: str, modelfile: bool, template: bool, parameters: b
         ("Loader", ""),
         ("  n_ctx", loader.get("n_ctx")),
         ("  n_batch", loader.get("n_batch")),
-        ("  n_seq_max", loader.get("n_seq_max")),
+        ("  n_seq_max", loader.get("n_seq_max") or "settings default"),
         ("  tool format", loader.get("tool_format") or "none"),
         ("  thinking", " … ".join(x for x in (loader.get("thinking_start"), loader.get("thinking_end")) if x) or "none"),
         ("Source", ""),

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from .errors import RegistryError
 from .httpclient import HTTPClient, status_error
 from .download import Progress, download
-from .layout import CacheLayout, atomic_write_json, bare_hex
+from .layout import CacheLayout, atomic_write_json, bare_hex, is_sha256
 from .specs import FileSpec, HFSpec, OllamaSpec, Spec, URLSpec, pick_gguf
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
@@ -60,6 +60,8 @@ class Fetcher:
 
     # ---- planning -----------------------------------------------------------------------------------
     async def plan(self, spec: Spec, *, name: str | None = None, sha256: str | None = None) -> Plan:
+        if sha256 is not None and not is_sha256(sha256):
+            raise RegistryError("invalid_request", f"'{sha256}' is not a sha256 digest (64 hex digits, optionally prefixed 'sha256:')")
         if isinstance(spec, FileSpec):
             if not spec.path.is_file():
                 raise RegistryError("enoent", f"no such file: {spec.path}", path=str(spec.path))
@@ -151,6 +153,9 @@ class Fetcher:
         model = next((layer for layer in layers if layer.get("mediaType") == OLLAMA_MODEL), None)
         if model is None or not model.get("digest"):
             raise RegistryError("ollama_no_model_layer", f"{spec.canonical} has no model layer (is it a GGUF model?)")
+        bad = [layer.get("digest") for layer in layers if not is_sha256(layer.get("digest") or "") or not str(layer.get("digest")).startswith("sha256:")]
+        if bad:
+            raise RegistryError("ollama_manifest_status", f"the Ollama registry's manifest for {spec.canonical} has a malformed layer digest {bad[0]!r}", status=200)
         parameters: dict = {}
         template = None
         for layer in layers:

@@ -84,7 +84,7 @@ def _file_type_name(value) -> str | None:
     return name
 
 
-def scan(path: Path, *, max_context_size: int = 32768, n_seq_max: int = 4) -> tuple[dict, dict]:
+def scan(path: Path, *, max_context_size: int = 32768) -> tuple[dict, dict]:
     """Read the header of the GGUF at `path`; return (details, loader)."""
     path = Path(path)
     meta, n_params = read_header(path)
@@ -111,7 +111,7 @@ def scan(path: Path, *, max_context_size: int = 32768, n_seq_max: int = 4) -> tu
     loader = {
         "n_ctx": n_ctx,
         "n_batch": batch_for_parameters(n_params),
-        "n_seq_max": n_seq_max,
+        "n_seq_max": None,  # not a property of the file: the settings' default, or the manifest's num_seq_max
         "chat_template": None,  # an override; None = the GGUF's own, else a built-in by architecture
         **detect_tool_format(template),
         **detect_thinking(template),

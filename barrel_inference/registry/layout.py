@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from .names import split_name
 
 def spec_hash(spec: str) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:32]
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_sha256(text: str | None) -> bool:
+    return bool(text) and bool(_HEX64.match(bare_hex(text)))
 
 
 def bare_hex(digest: str) -> str:
@@ -43,7 +51,10 @@ class CacheLayout:
             d.mkdir(parents=True, exist_ok=True)
 
     def blob_path(self, digest: str) -> Path:
-        return self.blobs / f"sha256-{bare_hex(digest)}.gguf"
+        hexd = bare_hex(digest)
+        if not _HEX64.match(hexd):
+            raise ValueError(f"not a sha256 digest: {digest!r}")
+        return self.blobs / f"sha256-{hexd}.gguf"
 
     def part_path(self, key: str) -> Path:
         return self.tmp / f"{spec_hash(key)}.part"

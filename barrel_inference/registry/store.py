@@ -104,12 +104,7 @@ class Registry:
 
     # ---- writing ------------------------------------------------------------------------------------
     def _scan(self, name: str, path: Path) -> tuple[dict, dict]:
-        ms = self.settings.model_settings(name)
-        return scan(
-            path,
-            max_context_size=getattr(self.settings, "max_context_size", 32768),
-            n_seq_max=ms.n_seq_max or 4,
-        )
+        return scan(path, max_context_size=getattr(self.settings, "max_context_size", 32768))
 
     def write_manifest(
         self,

@@ -318,6 +318,20 @@ async def test_ollama_errors(manager, ollama, gguf_blobs):
         await manager.pull("ollama://library/liar:1", timeout=5)
     assert e.value.code == "sha256_mismatch"
     assert leftovers(manager.registry)["blobs"] == [] and leftovers(manager.registry)["tmp"] == []
+    evil = ollama.add_model("library/evil:1", gguf_blobs[1])
+    evil["layers"][0]["digest"] = "sha256:../../../../etc/passwd"
+    with pytest.raises(RegistryError) as e:
+        await manager.pull("ollama://library/evil:1", timeout=5)
+    assert e.value.code == "ollama_manifest_status" and "malformed layer digest" in e.value.message
+
+
+async def test_caller_sha256_must_be_a_digest(manager, cdn, gguf_blobs):
+    url = cdn.add("files/s.gguf", gguf_blobs[0])
+    with pytest.raises(RegistryError) as e:
+        await manager.pull(url, sha256="../../x", timeout=5)
+    assert e.value.code == "invalid_request" and e.value.status == 400
+    rec = await manager.pull(url, sha256="SHA256:" + sha(gguf_blobs[0]).upper(), timeout=5)
+    assert rec.digest == f"sha256:{sha(gguf_blobs[0])}"
 
 
 # ---- specs and local files ---------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def test_register_local_resolves_with_latest_default_and_scanned_details(registr
     assert again.details["quantization_level"] == "F32"
     assert again.details["has_chat_template"] is True
     assert again.loader["n_ctx"] == 2048 and again.loader["n_batch"] == 2048
+    assert again.loader["n_seq_max"] is None  # the settings decide unless the manifest says num_seq_max
     assert again.source["kind"] == "file"
     mf = registry.layout.manifests / "tiny" / "latest.json"
     assert json.loads(mf.read_text())["path"] == str(tiny_gguf.resolve())
