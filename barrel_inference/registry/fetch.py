@@ -3,7 +3,6 @@ local file) and carry it out into the blob store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass, field
