@@ -97,7 +97,7 @@ class Gateway:
 async def make_gateway(tmp_path):
     made: list[Gateway] = []
 
-    async def make(endpoint: str | None, *, registry=None, heartbeat=(0.05, 0.5), **settings_kw) -> Gateway:
+    async def make(endpoint: str | None, *, registry=None, heartbeat=(0.5, 5.0), **settings_kw) -> Gateway:
         settings = make_settings(tmp_path, endpoint, **settings_kw)
         logs = LogCapture(settings)
         registry = registry or StubRegistry(StubRecord(MODEL), aliases={"gpt-4o": MODEL})

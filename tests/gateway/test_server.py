@@ -38,7 +38,7 @@ async def server(tmp_path, fake_worker):
     settings.embed_default_model = True
     logs = LogCapture(settings)
     registry = DefaultingRegistry(StubRecord(MODEL))
-    models = ModelManager(settings, registry, logger=logs.logger, heartbeat=(0.05, 0.5))
+    models = ModelManager(settings, registry, logger=logs.logger, heartbeat=(0.5, 5.0))
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop, registry=registry, models=models, logger=logs.logger))
     base = settings.base_url()
