@@ -33,6 +33,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     threads: int | None = None
     prefill_chunk: int | None = None
     chat_template: str | None = None  # a built-in template name or Jinja text
+    n_gpu_layers: int | None = None  # layers offloaded to the GPU (-1 = all) where llama.cpp was built with one
+    main_gpu: int | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":

@@ -23,7 +23,11 @@ import msgspec
 from ..config import ModelSettings, Settings
 
 # manifest `parameters` key -> ModelSettings field
-_PARAMETER_KEYS = {"num_ctx": "n_ctx", "num_batch": "n_batch", "num_seq_max": "n_seq_max", "num_thread": "threads"}
+_PARAMETER_KEYS = {
+    "num_ctx": "n_ctx", "num_batch": "n_batch", "num_seq_max": "n_seq_max", "num_thread": "threads",
+    "n_gpu_layers": "n_gpu_layers", "num_gpu": "n_gpu_layers", "main_gpu": "main_gpu",
+    "use_mmap": "use_mmap", "use_mlock": "use_mlock",
+}  # fmt: skip
 _LOADER_KEYS = ("n_batch", "n_ubatch", "n_seq_max", "threads", "prefill_chunk", "chat_template")
 _FLAGS = {
     "n_seq_max": "--n-seq-max",
@@ -33,6 +37,10 @@ _FLAGS = {
     "threads": "--threads",
     "prefill_chunk": "--prefill-chunk",
     "chat_template": "--chat-template",
+    "n_gpu_layers": "--n-gpu-layers",
+    "main_gpu": "--main-gpu",
+    "use_mmap": "--use-mmap",
+    "use_mlock": "--use-mlock",
 }
 
 
@@ -58,7 +66,7 @@ def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelS
     for field, flag in _FLAGS.items():
         value = getattr(opts, field)
         if value is not None:
-            argv += [flag, str(value)]
+            argv += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
     return argv
 
 
@@ -82,7 +90,7 @@ def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str) -> str:
 
 
 def default_command() -> list[str]:
-    return [sys.executable, "-m", "barrel_inference.worker"]
+    return [sys.executable, "-m", "barrel_inference.worker", "--exit-with-parent"]
 
 
 class WorkerProcess:

@@ -10,6 +10,15 @@ import sys
 import time
 
 
+def _truth(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="barrel_inference.worker", description="barrel-inference model worker")
     p.add_argument("--bind", required=True, help="ipc:///path/to.sock or tcp://host:port")
@@ -22,6 +31,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--chat-template", default=None, help="a built-in template name or Jinja text")
+    p.add_argument("--n-gpu-layers", type=int, default=None, help="layers to offload (-1 = all); needs a GPU build")
+    p.add_argument("--main-gpu", type=int, default=None)
+    p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
     return p.parse_args(argv)
@@ -46,7 +60,8 @@ def build_engine(args):
 
     return LlamaEngine(
         args.model_path, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch,
-        n_ubatch=args.n_ubatch, threads=args.threads,
+        n_ubatch=args.n_ubatch, threads=args.threads, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
+        use_mmap=args.use_mmap, use_mlock=args.use_mlock,
     )  # fmt: skip
 
 
@@ -68,6 +83,8 @@ def main(argv=None) -> int:
     n_ctx = min(args.n_ctx, engine.n_ctx)
     server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
                           prefill_chunk=args.prefill_chunk, log=_log)  # fmt: skip
+    if args.exit_with_parent:
+        server.watch_parent = os.getppid()
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx,
          n_seq_max=engine.n_seq_max, template=template.name, load_ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
 

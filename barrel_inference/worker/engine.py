@@ -68,9 +68,21 @@ class LlamaEngine:
         n_batch: int = 512,
         n_ubatch: int | None = None,
         threads: int | None = None,
+        n_gpu_layers: int | None = None,
+        main_gpu: int | None = None,
+        use_mmap: bool | None = None,
+        use_mlock: bool | None = None,
     ):
         _backend_init()
         mp = L.llama_model_default_params()
+        if n_gpu_layers is not None:
+            mp.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        if main_gpu is not None:
+            mp.main_gpu = main_gpu
+        if use_mmap is not None:
+            mp.use_mmap = use_mmap
+        if use_mlock is not None:
+            mp.use_mlock = use_mlock
         self.model = L.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
             raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")

@@ -42,6 +42,7 @@ class WorkerServer:
         self.prompts = PromptBuilder(engine, template, n_ctx, model)
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
         self._stop = threading.Event()
+        self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
 
     # ---- scheduler thread side ------------------------------------------------------------
     def _emit(self, peer: bytes, tick: Tick) -> None:
@@ -97,6 +98,9 @@ class WorkerServer:
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(200))
+                if self.watch_parent is not None and os.getppid() != self.watch_parent:
+                    self.log("parent_gone", parent=self.watch_parent)
+                    break
                 if pull in events:
                     while True:
                         try:

@@ -211,3 +211,15 @@ async def test_real_worker_fake_engine(short_tmp):
         assert h.process.returncode == 0
     finally:
         await m.aclose()
+
+
+def test_manifest_gpu_and_mmap_parameters_reach_the_worker_command():
+    record = StubRecord("g:1", path=Path("/m.gguf"), parameters={"n_gpu_layers": -1, "main_gpu": 1, "use_mmap": False, "use_mlock": True})
+    opts = engine_options(Settings(), record)
+    argv = worker_argv(["w"], "ipc:///r/g.sock", record, opts)
+    for flag, value in (("--n-gpu-layers", "-1"), ("--main-gpu", "1"), ("--use-mmap", "false"), ("--use-mlock", "true")):
+        assert argv[argv.index(flag) + 1] == value
+    from barrel_inference.worker.__main__ import parse_args
+
+    args = parse_args(["--bind", "x", "--model-name", "g", *argv[argv.index("--n-gpu-layers"):]])
+    assert (args.n_gpu_layers, args.main_gpu, args.use_mmap, args.use_mlock) == (-1, 1, False, True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from . import management
+from .management import aclose  # the app's lifespan closes the family's pull jobs with it
+
+__all__ = ["routes", "aclose"]
 
 
 def routes() -> list[Route]:
