@@ -49,6 +49,7 @@ class RunningModel(msgspec.Struct):
     size: int = 0
     digest: str | None = None
     details: dict = {}
+    chat_template_source: str = ""
 
 
 class WorkerHandle:
@@ -102,6 +103,7 @@ class WorkerHandle:
             in_flight=self.in_flight, n_ctx=h.n_ctx, n_seq_max=h.n_seq_max, architecture=h.architecture,
             chat_template=h.chat_template, path=str(getattr(r, "path", "") or ""), size=int(getattr(r, "size", 0) or 0),
             digest=getattr(r, "digest", None), details=dict(getattr(r, "details", None) or {}),
+            chat_template_source=h.chat_template_source,
         )  # fmt: skip
 
 

@@ -46,3 +46,15 @@ def test_sigterm_stops_gateway_and_workers(tiny_gguf, tmp_path):
     d.stop()
     assert d.proc.returncode == 0
     assert not any(alive(p) for p in workers)
+
+
+def test_configured_template_override_is_used_and_reported(tiny_gguf, tmp_path):
+    extra = '[models."tiny:latest"]\nchat_template = "llama3"\n'
+    with Daemon(tmp_path, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=256, threads=1, extra=extra) as d:
+        before = httpx.post(d.url + "/api/show", json={"model": "tiny"}, timeout=30).json()
+        r = httpx.post(d.url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "hi"}]}, timeout=60)  # fmt: skip
+        after = httpx.post(d.url + "/api/show", json={"model": "tiny"}, timeout=30).json()
+    assert r.status_code == 200
+    assert before["chat_template"] == "llama3"
+    assert after["chat_template"] == "llama3" and "<|start_header_id|>" in after["template"]

@@ -133,6 +133,7 @@ def ps_item(info: Any) -> dict:
         "context_length": getattr(info, "n_ctx", 0),
         # ours
         "n_seq_max": getattr(info, "n_seq_max", None),
+        "chat_template": getattr(info, "chat_template", None),
         "in_flight": getattr(info, "in_flight", None),
         "pid": getattr(info, "pid", None),
         "endpoint": getattr(info, "endpoint", None),

@@ -137,8 +137,18 @@ def _gguf_template(path) -> str | None:
 async def show(request: Request) -> Response:
     req = await decode(request, wire.ShowRequest)
     record = await asyncio.to_thread(request.app.state.registry.resolve, require_model(req))
+    running = next((m for m in request.app.state.models.running() if m.name == record.name), None)
+    if running is not None:  # the worker says exactly which template it renders with
+        body = convert.show_body(record, verbose=req.verbose, template=running.chat_template_source)
+        body["chat_template"] = running.chat_template
+        return JSONBody(body)
     template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
-    return JSONBody(convert.show_body(record, verbose=req.verbose, template=template))
+    body = convert.show_body(record, verbose=req.verbose, template=template)
+    configured = request.app.state.settings.models.get(record.name) if hasattr(request.app.state, "settings") else None
+    override = (configured and configured.chat_template) or (record.engine() or {}).get("chat_template")
+    arch = (record.details or {}).get("architecture", "")
+    body["chat_template"] = override or ("gguf" if template else f"built-in for architecture '{arch}' (chosen when loaded)")
+    return JSONBody(body)
 
 
 @handles_errors

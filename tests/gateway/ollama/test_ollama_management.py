@@ -35,6 +35,8 @@ class Running:
     digest: str | None = None
     details: dict = field(default_factory=dict)
     architecture: str = "llama"
+    chat_template: str = "gguf"
+    chat_template_source: str = ""
 
 
 class StubModels:
@@ -186,6 +188,21 @@ async def test_show_unknown_and_alias(env, tmp_path, ggufs):
     assert r.status_code == 404 and r.json() == {"error": "model 'missing' not found; pull it first (bictl pull missing)"}
     s = (await client.post("/api/show", json={"name": "gpt-4o"})).json()  # `name`, as older clients send it; an alias
     assert s["details"]["family"] == "llama" and s["capabilities"] == ["completion"]
+    assert s["chat_template"] == "gguf" and "<|im_start|>" in s["template"]
+
+
+async def test_show_says_which_chat_template_is_used(env, tmp_path):
+    app, client, _ = env
+    bare = write_tiny_gguf(tmp_path / "bare.gguf", chat_template=None)
+    app.state.registry.register_local("bare", bare)
+    s = (await client.post("/api/show", json={"model": "bare"})).json()
+    assert s["chat_template"] == "built-in for architecture 'llama' (chosen when loaded)"
+    # once loaded, the worker's own word: the template's name and the exact text it renders with
+    app.state.models.loaded["bare:latest"] = Running("bare:latest", chat_template="llama3", chat_template_source="{{ bos_token }}...")
+    s = (await client.post("/api/show", json={"model": "bare"})).json()
+    assert (s["chat_template"], s["template"]) == ("llama3", "{{ bos_token }}...")
+    ps = (await client.get("/api/ps")).json()["models"]
+    assert ps[0]["chat_template"] == "llama3"
 
 
 async def test_copy_and_delete_remove_unreferenced_blobs(env, ggufs):
