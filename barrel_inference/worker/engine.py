@@ -250,7 +250,7 @@ class LlamaEngine:
                 arr[i].bias = bias
             add(L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
         if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
-            add(L.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
+            add(L.llama_sampler_init_penalties(self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
         if grammar is not None:
             g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
             if not g:

@@ -124,16 +124,17 @@ class Scheduler:
             req.seq = lease.seq
             try:
                 req.sampler = self.engine.make_sampler(req.sampling, req.grammar)
-            except EngineError as exc:
+            except Exception as exc:  # this request's sampler only: the others go on
                 self._release_seq(req.seq, None)
                 req.seq = -1
-                self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(ErrorCode(exc.code), str(exc)))
+                code = ErrorCode(exc.code) if isinstance(exc, EngineError) else ErrorCode.INTERNAL
+                self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(code, f"cannot build the sampler: {exc}"))
                 continue
+            self.active.append(req)  # from here on a crash fails it with the others, never loses it
             req.n_past = self._reuse_prefix(req, lease.cached)
             req.n_cached = req.n_past
             req.phase = Phase.PREFILL
             req.t_start = time.perf_counter()
-            self.active.append(req)
 
     def _reuse_prefix(self, req: Request, cached: list[int]) -> int:
         """Keep the longest common prefix of the seq's cached tokens and the prompt (at least one

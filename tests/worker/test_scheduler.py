@@ -124,6 +124,24 @@ def test_failed_decode_fails_only_requests_in_flight_and_recovers():
     assert b.finish_reason is FinishReason.LENGTH and c.text("b") == TEXT[:3]
 
 
+def test_a_sampler_that_cannot_be_built_fails_only_its_request():
+    class Flaky(FakeEngine):
+        def make_sampler(self, sampling, grammar=None):
+            if sampling.seed == 13:
+                raise RuntimeError("boom")
+            return super().make_sampler(sampling, grammar)
+
+    eng = Flaky()
+    with Running(eng) as (s, c):
+        s.submit(make_request(eng, "bad", "hi", max_tokens=3, seed=13))
+        s.submit(make_request(eng, "good", "hi", max_tokens=3))
+        c.wait(["bad", "good"])
+    bad, good = c.done()["bad"], c.done()["good"]
+    assert bad.finish_reason is FinishReason.ERROR and bad.error.code.value == "internal" and "boom" in bad.error.message
+    assert good.finish_reason is FinishReason.LENGTH and c.text("good") == TEXT[:3]
+    assert s.pool.n_busy == 0
+
+
 def test_stats_profile_counts_ticks():
     eng = FakeEngine()
     with Running(eng) as (s, c):
@@ -178,3 +196,22 @@ def test_sampling_with_seed_is_reproducible(tiny_engine):
         c.wait(["y", "z"])
     assert c.text("x") == c.text("y")
     assert c.text("x") != c.text("z")
+
+
+def test_logit_bias_forces_a_token(tiny_engine):
+    target = tiny_engine.tokenize("Q", add_special=False)[0]
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "b", "the cat", max_tokens=6, logit_bias={target: 100.0}))
+        c.wait(["b"])
+    assert c.text("b") == "Q" * 6
+
+
+def test_penalties_reduce_repetition(tiny_engine):
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "plain", "the cat", max_tokens=48))
+        s.submit(make_request(tiny_engine, "rep", "the cat", max_tokens=48, repeat_penalty=3.0, repeat_last_n=64))
+        s.submit(make_request(tiny_engine, "pres", "the cat", max_tokens=48, presence_penalty=5.0))
+        c.wait(["plain", "rep", "pres"])
+    toks = {rid: [t for _, _, tk in c.ticks for d in tk.deltas if d.id == rid for t in d.tokens] for rid in ("plain", "rep", "pres")}
+    assert len(set(toks["rep"])) > len(set(toks["plain"]))
+    assert len(set(toks["pres"])) > len(set(toks["plain"]))
