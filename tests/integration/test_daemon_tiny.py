@@ -148,3 +148,16 @@ async def test_killed_worker_fails_in_flight_and_the_next_request_restarts_it(da
         assert (await c.get("/health")).status_code == 200
         r2 = await c.post("/v1/chat/completions", json=chat("again", max_tokens=3))
     assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_response_format_json_schema_is_enforced(daemon):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["n", "ok"]}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "json please"}], "temperature": 0.7, "seed": 3,
+            "max_tokens": 200, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}  # fmt: skip
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r = await c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    value = json.loads(choice["message"]["content"])
+    assert isinstance(value["n"], int) and isinstance(value["ok"], bool)
