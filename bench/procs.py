@@ -1,0 +1,125 @@
+"""Process facts from /proc: descendants of a server and their peak resident memory (VmHWM)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # field 4 (ppid) follows the ")" that ends the command name
+        rest = stat[stat.rfind(")") + 2 :].split()
+        kids.setdefault(int(rest[1]), []).append(int(d.name))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its live descendants."""
+    kids = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def status_fields(pid: int) -> dict[str, str]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _kib(value: str | None) -> int:
+    if not value:
+        return 0
+    return int(value.strip().split()[0])
+
+
+def peak_rss(pid: int) -> list[dict]:
+    """VmHWM and VmRSS (MiB) of the server process and each descendant, while they are alive."""
+    rows = []
+    for p in process_tree(pid):
+        st = status_fields(p)
+        if not st:
+            continue
+        rows.append({
+            "pid": p,
+            "name": st.get("Name", "").strip(),
+            "cmd": cmdline(p)[:160],
+            "peak_rss_mib": _kib(st.get("VmHWM")) / 1024.0,
+            "rss_mib": _kib(st.get("VmRSS")) / 1024.0,
+        })  # fmt: skip
+    return rows
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def busy_processes(min_cpu_pct: float = 20.0, exclude: set[int] | None = None, sample_s: float = 1.0) -> list[str]:
+    """Processes (not ours) using at least min_cpu_pct of a core over sample_s: who else loads the machine."""
+    import time
+
+    exclude = exclude or set()
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def ticks() -> dict[int, int]:
+        out = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            rest = stat[stat.rfind(")") + 2 :].split()
+            out[int(d.name)] = int(rest[11]) + int(rest[12])
+        return out
+
+    a = ticks()
+    time.sleep(sample_s)
+    b = ticks()
+    busy = []
+    for pid, t in b.items():
+        if pid in exclude or pid not in a:
+            continue
+        pct = 100.0 * (t - a[pid]) / hz / sample_s
+        if pct >= min_cpu_pct:
+            busy.append(f"{pct:.0f}% {cmdline(pid)[:100]}")
+    return busy
+
+
+def cpu_seconds(pids) -> dict[int, float]:
+    """user+system CPU seconds of each live pid."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for p in pids:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        out[p] = (int(rest[11]) + int(rest[12])) / hz
+    return out
