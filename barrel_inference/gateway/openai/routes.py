@@ -38,36 +38,31 @@ def error_response(exc: GatewayError, request_id: str | None = None) -> Response
     return JSONBody(error_body(exc.info), status_code=status, headers=headers)
 
 
-async def chat_completions(request: Request) -> Response:
-    rid = new_id("chatcmpl-")
+async def _serve(request: Request, api: str, id_prefix: str, wire_type, to_submit, encoder, to_response) -> Response:
+    """Decode one generation request of either endpoint, then run it (plain or streamed)."""
+    rid = new_id(id_prefix)
     try:
-        req = decode(await request.body(), ChatCompletionRequest)
-        submit = chat_to_submit(req, rid)
+        req = decode(await request.body(), wire_type)
+        submit = to_submit(req, rid)
     except WireError as exc:
-        return _rejected(request, API_CHAT, rid, invalid(str(exc), exc.param))
+        return _rejected(request, api, rid, invalid(str(exc), exc.param))
     except GatewayError as exc:
-        return _rejected(request, API_CHAT, rid, exc)
+        return _rejected(request, api, rid, exc)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _generate(
-        request, API_CHAT, req.model, submit, req.stream,
-        lambda created: ChatStreamEncoder(rid, req.model, created, include_usage), chat_response,
+        request, api, req.model, submit, req.stream,
+        lambda created: encoder(rid, req.model, created, include_usage), to_response,
     )  # fmt: skip
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, API_CHAT, "chatcmpl-", ChatCompletionRequest, chat_to_submit, ChatStreamEncoder, chat_response)
 
 
 async def completions(request: Request) -> Response:
-    rid = new_id("cmpl-")
-    try:
-        req = decode(await request.body(), CompletionRequest)
-        submit = completion_to_submit(req, rid)
-    except WireError as exc:
-        return _rejected(request, API_COMPLETIONS, rid, invalid(str(exc), exc.param))
-    except GatewayError as exc:
-        return _rejected(request, API_COMPLETIONS, rid, exc)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(
-        request, API_COMPLETIONS, req.model, submit, req.stream,
-        lambda created: CompletionStreamEncoder(rid, req.model, created, include_usage), completion_response,
-    )  # fmt: skip
+    return await _serve(
+        request, API_COMPLETIONS, "cmpl-", CompletionRequest, completion_to_submit, CompletionStreamEncoder, completion_response
+    )
 
 
 def _rejected(request: Request, api: str, rid: str, exc: GatewayError) -> Response:
