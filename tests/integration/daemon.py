@@ -44,6 +44,8 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> "Daemon":
+        if self.proc is not None:
+            raise RuntimeError("this daemon was started already")
         env = {k: v for k, v in os.environ.items() if not k.startswith("BARREL_INFERENCE_")}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(

@@ -16,8 +16,11 @@ MODEL = "gemma3:270m"
 def daemon(tmp_path_factory):
     # no model registered: `serve` must register the packaged Gemma 3 270M itself
     d = Daemon(tmp_path_factory.mktemp("gemma"), {}, n_seq_max=4, n_ctx=1024, threads=2, embed_default=True)
-    with d.start(timeout=180):
+    d.start(timeout=180)
+    try:
         yield d
+    finally:
+        d.stop()
 
 
 async def complete(c, prompt, **kw):
