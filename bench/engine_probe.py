@@ -30,7 +30,7 @@ def _peak_rss_mib() -> float:
     return 0.0
 
 
-def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int) -> dict:
+def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int, total_ctx: int | None = None) -> dict:
     import llama_cpp as L
 
     L.llama_backend_init()
@@ -40,7 +40,7 @@ def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int) -> dict:
         raise SystemExit(f"cannot load {model_path}")
     vocab = L.llama_model_get_vocab(model)
     cp = L.llama_context_default_params()
-    cp.n_ctx = n_ctx * n
+    cp.n_ctx = total_ctx or n_ctx * n  # unified KV: every sequence can reach n_ctx
     cp.n_batch = cp.n_ubatch = 512
     cp.n_seq_max = n
     cp.n_threads = cp.n_threads_batch = threads
@@ -97,6 +97,7 @@ def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int) -> dict:
     return {
         "mode": "raw",
         "sequences": n,
+        "kv_cells": cp.n_ctx,
         "tokens": n * gen,
         "prefill_s": t1 - t0,
         "decode_s": t2 - t1,
@@ -140,9 +141,10 @@ def main(argv=None) -> int:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--model", required=True)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
+    p.add_argument("--total-ctx", type=int, default=None, help="raw: KV cells in all (default ctx x n)")
     a = p.parse_args(argv)
-    out = raw(a.n, a.gen, a.model, a.threads, a.ctx) if a.mode == "raw" else single(a.gen, a.model, a.threads, a.ctx)
+    out = raw(a.n, a.gen, a.model, a.threads, a.ctx, a.total_ctx) if a.mode == "raw" else single(a.gen, a.model, a.threads, a.ctx)
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

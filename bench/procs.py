@@ -64,7 +64,7 @@ def peak_rss(pid: int) -> list[dict]:
         rows.append({
             "pid": p,
             "name": st.get("Name", "").strip(),
-            "cmd": cmdline(p)[:160],
+            "cmd": cmdline(p)[:800],
             "peak_rss_mib": _kib(st.get("VmHWM")) / 1024.0,
             "rss_mib": _kib(st.get("VmRSS")) / 1024.0,
         })  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 PEERS = ("llama-server", "llama-cpp-python")
 
 
@@ -57,6 +59,9 @@ def ratios(results: dict) -> dict:
             pf = p.get("concurrency", {}).get(c)
             if pf and pf.get("tok_s") and fig.get("tok_s"):
                 r["tok_s"][c] = fig["tok_s"] / pf["tok_s"]
+                a, b = fig.get("passes_tok_s") or [], pf.get("passes_tok_s") or []
+                if len(a) > 1 and len(a) == len(b):  # pass i of ours against pass i of the peer, run back to back
+                    r.setdefault("tok_s_paired_passes", {})[c] = [x / y for x, y in zip(a, b)]
             if pf and pf.get("ttft_ms_p50") and fig.get("ttft_ms_p50"):
                 r["ttft_p50_speedup"][c] = pf["ttft_ms_p50"] / fig["ttft_ms_p50"]
         out[peer] = r
@@ -99,7 +104,7 @@ def targets(results: dict) -> list[tuple[str, bool | None, str]]:
 def console(results: dict) -> str:
     lines = []
     meta = results.get("meta", {})
-    lines.append(f"host {meta.get('host')}  {meta.get('cpu')}  {meta.get('cores')} cores  model {meta.get('model')}")
+    lines.append(f"host {meta.get('host')}  {meta.get('cpu')}  {meta.get('cores')} cores  model {meta.get('model_name')} ({meta.get('model')})")
     for name, sysres in results.get("systems", {}).items():
         lines.append(f"\n== {name} ==")
         if sysres.get("error"):
@@ -114,6 +119,8 @@ def console(results: dict) -> str:
             )
             if f.get("errors"):
                 lines.append(f"          errors: {f['errors']}")
+            if f.get("cpu_cores"):
+                lines.append("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in f["cpu_cores"].items()))
             if f.get("profile"):
                 lines.append(profile_line(f["profile"]))
         lp = sysres.get("long_prompt")
@@ -176,6 +183,8 @@ def console(results: dict) -> str:
             if isinstance(v, dict) and "tok_s" in v:
                 lines.append(f"  vs {peer}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v["tok_s"].items(), key=lambda kv: int(kv[0])))
                              + "   TTFT p50 speed-up: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v["ttft_p50_speedup"].items(), key=lambda kv: int(kv[0]))))  # fmt: skip
+                for c, xs in sorted(v.get("tok_s_paired_passes", {}).items(), key=lambda kv: int(kv[0])):
+                    lines.append(f"      {c} streams, pass by pass: " + " ".join(f"{x:.2f}x" for x in xs))
             else:
                 lines.append(f"  vs {peer}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v.items(), key=lambda kv: int(kv[0]))))
     t = results.get("targets")
@@ -191,8 +200,9 @@ def markdown(results: dict) -> str:
     """Tables for BENCHMARKS.md."""
     meta = results.get("meta", {})
     out = [f"Run {meta.get('date')} on `{meta.get('host')}` ({meta.get('cpu')}, {meta.get('cores')} cores), "
-           f"model `{meta.get('model')}`, {meta.get('threads')} threads each, {meta.get('ctx_per_seq')} tokens of context "
-           f"per sequence, {meta.get('max_tokens')} new tokens per stream, {meta.get('rounds')} round(s) per level. "
+           f"model `{meta.get('model_name')}` (`{Path(str(meta.get('model'))).name}`), {meta.get('threads')} threads each, {meta.get('ctx_per_seq')} tokens of context "
+           f"per sequence, n_batch {meta.get('n_batch', 512)}, {meta.get('max_tokens')} new tokens per stream, greedy, "
+           f"{meta.get('rounds')} wave(s) per level x {meta.get('repeat', 1)} interleaved pass(es) (medians). "
            f"Load average before the run: {meta.get('loadavg_start')}.", ""]  # fmt: skip
     systems = results.get("systems", {})
     levels = sorted({c for s in systems.values() for c in s.get("concurrency", {})}, key=int)

@@ -127,10 +127,12 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             'log_level = "warning"',
             "max_queue = 1024",
             "",
-            "[defaults]",
+            # per-model settings win over what the registry read from the GGUF (its n_batch, n_ctx)
+            f'[models."{model_name}"]',
             f"n_seq_max = {shape.parallel}",
             f"n_ctx = {shape.ctx_per_seq}",
             f"n_batch = {shape.n_batch}",
+            f"n_ubatch = {shape.n_batch}",
             f"threads = {shape.threads}",
             f"prefill_chunk = {shape.prefill_chunk}",
             "",
