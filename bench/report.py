@@ -201,7 +201,7 @@ def markdown(results: dict) -> str:
     meta = results.get("meta", {})
     out = [f"Run {meta.get('date')} on `{meta.get('host')}` ({meta.get('cpu')}, {meta.get('cores')} cores), "
            f"model `{meta.get('model_name')}` (`{Path(str(meta.get('model'))).name}`), {meta.get('threads')} threads each, {meta.get('ctx_per_seq')} tokens of context "
-           f"per sequence, n_batch {meta.get('n_batch', 512)}, {meta.get('max_tokens')} new tokens per stream, greedy, "
+           f"per sequence, n_batch {meta.get('n_batch', '?')}, {meta.get('max_tokens')} new tokens per stream, greedy, "
            f"{meta.get('rounds')} wave(s) per level x {meta.get('repeat', 1)} interleaved pass(es) (medians). "
            f"Load average before the run: {meta.get('loadavg_start')}.", ""]  # fmt: skip
     systems = results.get("systems", {})

@@ -1,0 +1,114 @@
+"""Checks of the harness's own arithmetic and SSE parsing (not collected by CI: `pytest bench/test_harness.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from bench.__main__ import merge_passes
+from bench.client import LoadClient, RequestSpec, StreamResult, percentile, summarize
+from bench.report import profile_delta, ratios
+from bench.workloads import _stall
+
+
+def test_percentile_interpolates():
+    assert percentile([], 50) is None
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)
+
+
+def test_stall_counts_only_streams_running_across_the_window():
+    running = StreamResult(chunk_times=[0.0, 0.1, 0.2, 0.9, 1.0])  # a 0.7 s gap overlaps [0.25, 0.8]
+    finished = StreamResult(chunk_times=[0.0, 0.05])  # ended before the window
+    late = StreamResult(chunk_times=[0.5, 0.6])  # started inside the window
+    worst, n = _stall([running, finished, late], 0.25, 0.8)
+    assert n == 1
+    assert worst == pytest.approx(0.7)
+
+
+def test_summarize_prefers_usage_and_measures_gaps():
+    a = StreamResult(ok=True, t_start=0.0, t_first=0.1, chunk_times=[0.1, 0.2, 0.4], n_chunks=3, usage_tokens=3)
+    b = StreamResult(ok=True, t_start=0.0, t_first=0.3, chunk_times=[0.3, 0.5], n_chunks=2)
+    s = summarize([a, b], wall=1.0)
+    assert s["tokens"] == 5 and s["tok_s"] == 5.0
+    assert s["ttft_ms_p50"] == pytest.approx(200.0)
+    assert s["itl_ms_max"] == pytest.approx(200.0)
+    assert s["tokens_from_usage"] is False
+
+
+def test_profile_delta_subtracts_cumulative_snapshots():
+    before = {"profile": {"ticks": 10, "batch_tokens": 20, "seconds": {"decode": 1.0, "sample": 0.1}}}
+    after = {"profile": {"ticks": 20, "batch_tokens": 60, "seconds": {"decode": 2.0, "sample": 0.3}}}
+    d = profile_delta(before, after)
+    assert d["ticks"] == 10 and d["mean_batch"] == 4.0
+    assert d["ms_per_tick"]["decode"] == pytest.approx(100.0)
+    assert d["share"]["sample"] == pytest.approx(0.2 / 1.2)
+    assert profile_delta(after, after) is None
+
+
+def test_merge_passes_takes_medians_and_ratios_pair_passes():
+    ours = [{"concurrency": {"4": {"tok_s": v, "ttft_ms_p50": 100.0}}} for v in (100.0, 130.0, 110.0)]
+    peer = [{"concurrency": {"4": {"tok_s": v, "ttft_ms_p50": 50.0}}} for v in (100.0, 100.0, 100.0)]
+    merged = merge_passes(ours)
+    assert merged["concurrency"]["4"]["tok_s"] == 110.0
+    assert merged["concurrency"]["4"]["passes_tok_s"] == [100.0, 130.0, 110.0]
+    r = ratios({"systems": {"ours": merged, "llama-server": merge_passes(peer)}})
+    assert r["llama-server"]["tok_s"]["4"] == pytest.approx(1.1)
+    assert r["llama-server"]["tok_s_paired_passes"]["4"] == pytest.approx([1.0, 1.3, 1.1])
+    assert r["llama-server"]["ttft_p50_speedup"]["4"] == pytest.approx(0.5)
+
+
+async def _sse_server(chunks: list[dict]):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        assert body["logit_bias"] == {"1": -100, "106": -100} and body["stream"] is True
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for c in chunks:
+            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+            await asyncio.sleep(0.01)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def test_client_parses_completion_stream_with_usage():
+    chunks = [{"choices": [{"text": t, "finish_reason": None}]} for t in ("a", "b", "c")]
+    chunks.append({"choices": [{"text": "", "finish_reason": "length"}]})
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 4}})
+    runner, url = await _sse_server(chunks)
+    try:
+        async with LoadClient(url, "m") as c:
+            r = await c.stream(RequestSpec(prompt="x", max_tokens=4))
+    finally:
+        await runner.cleanup()
+    assert r.ok and r.text == "abc" and r.n_chunks == 3
+    assert r.n_tokens == 4 and r.prompt_tokens == 7 and r.finish_reason == "length"
+    assert r.t_start < r.t_first <= r.chunk_times[-1] <= r.t_end
+    assert len(r.gaps()) == 2 and all(g > 0 for g in r.gaps())
+
+
+async def test_client_counts_chat_chunks_without_usage():
+    chunks = [{"choices": [{"delta": {"role": "assistant"}}]}]
+    chunks += [{"choices": [{"delta": {"content": t}}]} for t in ("hi", " there")]
+    runner, url = await _sse_server(chunks)
+    try:
+        async with LoadClient(url, "m") as c:
+            r = await c.stream(RequestSpec(messages=[{"role": "user", "content": "x"}]))
+    finally:
+        await runner.cleanup()
+    assert r.ok and r.text == "hi there"
+    assert r.usage_tokens is None and r.n_tokens == 2
