@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import math
 import os
 import platform
 import socket
@@ -138,10 +137,10 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
                 lp["loadavg"] = loadavg()
                 lp["profile"] = report.profile_delta(before, await _stats(client, server))
                 if server.name == "ours":
-                    # the time one prefill chunk takes here: the long prompt's TTFT over its chunk count
+                    # the time one prefill chunk takes here: the long prompt's TTFT per prefill_chunk tokens
                     toks = [a["prompt_tokens"] for a in lp["arrivals"] if a.get("prompt_tokens")]
                     if toks and lp.get("long_ttft_ms_p50"):
-                        lp["one_chunk_ms"] = lp["long_ttft_ms_p50"] / math.ceil(toks[0] / shape.prefill_chunk)
+                        lp["one_chunk_ms"] = lp["long_ttft_ms_p50"] * shape.prefill_chunk / toks[0]
                 res["long_prompt"] = lp
                 log(f"  long prompt: max gap of running streams {report._f(lp['max_gap_ms'], '{:.0f}')} ms "
                     f"(usual ITL p50 {report._f(lp['baseline_itl_ms_p50'])} ms), long TTFT p50 {report._f(lp['long_ttft_ms_p50'], '{:.0f}')} ms")  # fmt: skip

@@ -82,7 +82,13 @@ class Server:
     def sample_rss(self) -> list[dict]:
         """Peak RSS of the server and its children (read before stopping: the processes must be alive)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.rss_rows = peak_rss(self.proc.pid)
+            rows = peak_rss(self.proc.pid)
+            for row in rows:
+                if "barrel_inference.worker" in row["cmd"]:
+                    row["name"] = "worker"
+                elif "barrel_inference.cli" in row["cmd"]:
+                    row["name"] = "gateway"
+            self.rss_rows = rows
         return self.rss_rows
 
     def pids(self) -> set[int]:
