@@ -201,10 +201,35 @@ def engine_probes(model: Path, args) -> dict:
         out["raw"].append(_probe(["raw", "--n", str(n)], model, args))
         e = out["raw"][-1]
         log(f"  raw batched decode {n:>2} seqs: " + (f"{e['tok_s']:.1f} tok/s" if "tok_s" in e else e.get("error", "?")))
+    if "llama-server" in args.systems:
+        out["llama_cpp_batched_bench"] = batched_bench(model, args)
+        for e in out["llama_cpp_batched_bench"]:
+            log(f"  llama.cpp batched-bench (llama-server's engine) {e['sequences']:>2} seqs: " + (f"{e['tok_s']:.1f} tok/s" if "tok_s" in e else e.get("error", "?")))
     out["single"] = _probe(["single"], model, args)
     s = out["single"]
     log("  single-sequence Llama: " + (f"{s['tok_s']:.1f} tok/s" if "tok_s" in s else s.get("error", "?")))
     return out
+
+
+def batched_bench(model: Path, args) -> list[dict]:
+    """llama.cpp's own llama-batched-bench, built from the same sdist as llama-server: the decode
+    ceiling of the peer's engine, beside ours (llama-cpp-python's vendored llama.cpp)."""
+    try:
+        binary = buildmod.build_tool("llama-batched-bench", jobs=args.jobs)
+    except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+        return [{"sequences": 0, "error": f"build failed: {exc}"}]
+    npl = ",".join(str(n) for n in args.raw_sequences)
+    cmd = [str(binary), "-m", str(model), "-c", str(args.ctx * max(args.raw_sequences)), "-b", str(args.n_batch),
+           "-ub", str(args.n_batch), "-npp", "24", "-ntg", str(args.max_tokens), "-npl", npl,
+           "-t", str(args.threads), "-tb", str(args.threads), "-kvu"]  # fmt: skip
+    la = loadavg()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    rows = []
+    for line in (p.stdout + p.stderr).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[2].isdigit():  # PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S
+            rows.append({"sequences": int(cells[2]), "tok_s": float(cells[7]), "prefill_tok_s": float(cells[5]), "loadavg": la})
+    return rows or [{"sequences": 0, "error": (p.stderr or p.stdout)[-400:]}]
 
 
 def _probe(mode: list[str], model: Path, args) -> dict:

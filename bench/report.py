@@ -152,6 +152,11 @@ def console(results: dict) -> str:
             else:
                 lines.append(f"  raw batched decode, {e['sequences']:>2} seqs: {e['tok_s']:7.1f} tok/s decode "
                              f"({e['tok_s_with_prefill']:.1f} with prefill)")  # fmt: skip
+        for e in eng.get("llama_cpp_batched_bench", []):
+            if "tok_s" in e:
+                lines.append(f"  llama.cpp batched-bench (llama-server's engine), {e['sequences']:>2} seqs: {e['tok_s']:7.1f} tok/s decode")
+            else:
+                lines.append(f"  llama.cpp batched-bench: {e.get('error')}")
         s = eng.get("single")
         if s and "tok_s" in s:
             lines.append(f"  single-sequence Llama:       {s['tok_s']:7.1f} tok/s decode ({s['tok_s_with_prefill']:.1f} with prefill)")
@@ -224,6 +229,9 @@ def markdown(results: dict) -> str:
     if eng.get("raw"):
         by = {str(e["sequences"]): e.get("tok_s") for e in eng["raw"]}
         out.append("| raw batched decode (in process, no server) | " + " | ".join(_f(by.get(c)) for c in levels) + " | | |")
+    if eng.get("llama_cpp_batched_bench") and "tok_s" in eng["llama_cpp_batched_bench"][0]:
+        by = {str(e["sequences"]): e.get("tok_s") for e in eng["llama_cpp_batched_bench"]}
+        out.append("| llama-batched-bench (llama-server's llama.cpp, no server) | " + " | ".join(_f(by.get(c)) for c in levels) + " | | |")
     if (eng.get("single") or {}).get("tok_s"):
         out.append(f"| single-sequence `Llama` (in process) | {eng['single']['tok_s']:.1f} |" + " |" * (len(levels) - 1) + " | |")
     r = results.get("ratios", {})
