@@ -12,6 +12,7 @@ import os
 import threading
 
 import llama_cpp as L
+import numpy as np
 
 from ..protocol import Sampling
 from .engine_api import EngineError
@@ -39,12 +40,18 @@ _QUIET_LOG = _quiet_log
 
 
 class Sampler:
-    """One sequence's sampler chain (owned; free() releases it)."""
+    """One sequence's sampler chain (owned; free() releases it).
 
-    __slots__ = ("chain",)
+    Plain greedy decoding (with at most a logit bias) skips the chain: an argmax over the logits
+    in place gives the same token as llama.cpp's greedy sampler (first maximum wins) without
+    building a candidate array of the whole vocabulary for every token.
+    """
 
-    def __init__(self, chain):
+    __slots__ = ("chain", "greedy_bias")
+
+    def __init__(self, chain, greedy_bias: tuple[np.ndarray, np.ndarray] | None = None):
         self.chain = chain
+        self.greedy_bias = greedy_bias
 
     def free(self) -> None:
         if self.chain is not None:
@@ -239,6 +246,11 @@ class LlamaEngine:
             raise EngineError("grammar_error", f"response_format JSON schema cannot be enforced: {exc}") from exc
 
     def make_sampler(self, s: Sampling, grammar: str | None = None) -> Sampler:
+        plain = grammar is None and s.repeat_penalty == 1.0 and not s.presence_penalty and not s.frequency_penalty
+        if s.temperature <= 0 and plain:
+            items = sorted((t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab)
+            bias = (np.array([t for t, _ in items], np.int64), np.array([b for _, b in items], np.float32))
+            return Sampler(None, bias)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         sampler = Sampler(chain)
         add = lambda smpl: L.llama_sampler_chain_add(chain, smpl)  # noqa: E731
@@ -273,4 +285,10 @@ class LlamaEngine:
 
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
+        if sampler.greedy_bias is not None:
+            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+            tokens, bias = sampler.greedy_bias
+            if len(tokens):
+                logits[tokens] += bias  # this row's logits are ours until the next decode
+            return int(logits.argmax())
         return L.llama_sampler_sample(sampler.chain, self.ctx, idx)

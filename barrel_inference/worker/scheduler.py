@@ -60,10 +60,13 @@ class Scheduler:
         self._thread = threading.Thread(target=self.run, name="scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def request_stop(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -76,10 +79,14 @@ class Scheduler:
         return len(self.waiting)
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, pump: Callable[[bool], None] | None = None) -> None:
+        """The loop. `pump(block)`, when given, is this thread's I/O: called before every tick, it
+        reads the link and posts what arrived (blocking a while when there is no work)."""
         while True:
+            if pump is not None:
+                pump(not self._inbox and not self.active and not self.waiting)
             with self._cond:
-                while not self._inbox and not self._stop and not self.active and not self.waiting:
+                while pump is None and not self._inbox and not self._stop and not self.active and not self.waiting:
                     self._cond.wait()
                 if self._stop:
                     break

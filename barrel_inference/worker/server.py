@@ -1,8 +1,9 @@
 """The worker's link end: a ZeroMQ ROUTER that gateways connect to.
 
-The main thread owns the ROUTER; the scheduler thread hands its ticks over an inproc PUSH/PULL
-pair (ZeroMQ sockets are not shared between threads). Calls (tokenize, render, stats) are
-answered here, beside the running decode.
+The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
+while there is work, blocking briefly when idle), and it sends each tick's output itself. One
+thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
+render, stats) are answered between ticks. The main thread only waits for a stop signal.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .request import Request
 from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
 
-_OUT = "inproc://ticks"
+IDLE_POLL_MS = 200
 
 
 class WorkerServer:
@@ -38,26 +39,54 @@ class WorkerServer:
         self.log = log or (lambda *a, **k: None)
         self.codec = WorkerCodec()
         self.zctx = zmq.Context.instance()
-        self._local = threading.local()
         self.prompts = PromptBuilder(engine, template, n_ctx, model)
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
         self._stop = threading.Event()
+        self._router: zmq.Socket | None = None
         self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
 
-    # ---- scheduler thread side ------------------------------------------------------------
+    # ---- the scheduler thread's I/O -------------------------------------------------------
     def _emit(self, peer: bytes, tick: Tick) -> None:
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            sock = self.zctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(_OUT)
-            self._local.push = sock
-        enc = getattr(self._local, "enc", None)
-        if enc is None:
-            enc = self._local.enc = msgspec.msgpack.Encoder()
-        sock.send_multipart([peer, enc.encode(tick)], copy=False)
+        try:
+            self._router.send_multipart([peer, self.codec.encode(tick)], zmq.NOBLOCK)
+        except zmq.Again:  # the peer's queue is full (gateway gone or stuck): its requests time out there
+            self.log("send_dropped", peer=peer.hex())
 
-    # ---- main thread --------------------------------------------------------------------
+    def _pump(self, block: bool) -> None:
+        router = self._router
+        if block and not router.poll(IDLE_POLL_MS):
+            self._check_parent()
+            return
+        while True:
+            try:
+                peer, body = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:
+                continue  # a peer sent an unexpected frame count
+            reply = self.handle(peer, body)
+            if reply is not None:
+                router.send_multipart([peer, self.codec.encode(reply)])
+        self._check_parent()
+
+    def _check_parent(self) -> None:
+        if self.watch_parent is not None and os.getppid() != self.watch_parent:
+            self.log("parent_gone", parent=self.watch_parent)
+            self.stop()
+
+    def _loop(self) -> None:
+        router = self.zctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.bind(self.bind)
+        self._router = router
+        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        try:
+            self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
+        finally:
+            router.close(0)
+            self._stop.set()
+
     def hello(self) -> Hello:
         e = self.engine
         return Hello(
@@ -77,58 +106,21 @@ class WorkerServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self.scheduler.request_stop()
 
     def serve(self) -> None:
         if self.bind.startswith("ipc://"):
             path = Path(self.bind[len("ipc://") :])
             path.parent.mkdir(parents=True, exist_ok=True)
             path.unlink(missing_ok=True)
-        router = self.zctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        router.bind(self.bind)
-        pull = self.zctx.socket(zmq.PULL)
-        pull.setsockopt(zmq.LINGER, 0)
-        pull.bind(_OUT)
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(pull, zmq.POLLIN)
-        self.scheduler.start()
-        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        thread.start()
         try:
-            while not self._stop.is_set():
-                events = dict(poller.poll(200))
-                if self.watch_parent is not None and os.getppid() != self.watch_parent:
-                    self.log("parent_gone", parent=self.watch_parent)
-                    break
-                if pull in events:
-                    while True:
-                        try:
-                            frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        router.send_multipart(frames, copy=False)
-                if router in events:
-                    while True:
-                        try:
-                            peer, body = router.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        except ValueError:
-                            continue  # a peer sent an unexpected frame count
-                        reply = self.handle(peer, body)
-                        if reply is not None:
-                            router.send_multipart([peer, self.codec.encode(reply)])
+            while not self._stop.wait(0.5):  # the main thread only takes signals
+                pass
         finally:
-            self.scheduler.stop()
-            # forward the final aborts the scheduler emitted on shutdown
-            while True:
-                try:
-                    router.send_multipart(pull.recv_multipart(zmq.NOBLOCK), zmq.NOBLOCK)
-                except (zmq.Again, zmq.ZMQError):
-                    break
-            router.close(0)
-            pull.close(0)
+            self.scheduler.request_stop()
+            thread.join(10)
             if self.bind.startswith("ipc://"):
                 Path(self.bind[len("ipc://") :]).unlink(missing_ok=True)
 

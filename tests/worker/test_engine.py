@@ -1,0 +1,63 @@
+"""The llama.cpp engine wrapper on the tiny GGUF."""
+
+import llama_cpp as L
+import pytest
+
+from barrel_inference.protocol import Sampling
+from barrel_inference.worker.engine import LlamaEngine, Sampler
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf):
+    e = LlamaEngine(str(tiny_gguf), n_ctx=256, n_seq_max=2, n_batch=128, threads=1)
+    yield e
+    e.close()
+
+
+def chain_greedy(engine, bias):
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    if bias:
+        arr = (L.llama_logit_bias * len(bias))()
+        for i, (t, b) in enumerate(bias.items()):
+            arr[i].token, arr[i].bias = t, b
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(engine.n_vocab, len(bias), arr))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+    return Sampler(chain)
+
+
+@pytest.mark.parametrize("bias", [{}, {266: -100.0}, {100: 5.0, 101: -3.0, 266: -100.0}])
+def test_fast_greedy_picks_what_llama_cpp_greedy_picks(engine, bias):
+    fast = engine.make_sampler(Sampling(temperature=0, logit_bias=bias))
+    slow = chain_greedy(engine, bias)
+    assert fast.chain is None  # the fast path is in use
+    toks = engine.tokenize("the cat sat on", add_special=False)
+    engine.seq_clear(0)
+    n = len(toks)
+    assert engine.decode(toks, list(range(n)), [0] * n, [False] * (n - 1) + [True]) == 0
+    idx, got_fast, got_slow = n - 1, [], []
+    for _ in range(24):
+        a = engine.sample(slow, idx)  # the chain reads the logits first: the fast path edits them in place
+        b = engine.sample(fast, idx)
+        got_slow.append(a)
+        got_fast.append(b)
+        assert engine.decode([a], [n], [0], [True]) == 0
+        n, idx = n + 1, 0
+    slow.free()
+    engine.seq_clear(0)
+    assert got_fast == got_slow
+    if 100 in bias:
+        assert 100 in got_fast  # a positive bias shows
+
+
+def test_penalties_or_grammar_use_the_chain(engine):
+    assert engine.make_sampler(Sampling(temperature=0, repeat_penalty=1.2)).chain is not None
+    assert engine.make_sampler(Sampling(temperature=0), grammar='root ::= "a"').chain is not None
+    assert engine.make_sampler(Sampling(temperature=0.7)).chain is not None
+
+
+def test_tokenize_specials_and_pieces(engine):
+    assert len(engine.tokenize("<|im_start|>", add_special=False, parse_special=True)) == 1
+    assert len(engine.tokenize("<|im_start|>", add_special=False, parse_special=False)) > 1
+    toks = engine.tokenize("héllo wörld", add_special=False)
+    assert engine.detokenize(toks) == "héllo wörld"
+    assert engine.is_eog(engine.eos) and not engine.is_eog(toks[0])
