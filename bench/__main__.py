@@ -25,7 +25,7 @@ from pathlib import Path
 from . import build as buildmod
 from . import report, systems, workloads
 from .client import LoadClient, RequestSpec
-from .procs import busy_processes, cpu_seconds, loadavg
+from .procs import busy_processes, cpu_seconds, loadavg, machine_busy_seconds
 
 ALL_SYSTEMS = ("ours", "llama-server", "llama-cpp-python")
 REPO = Path(__file__).resolve().parent.parent
@@ -120,9 +120,12 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
             for n in args.concurrency:
                 before = await _stats(client, server)
                 la = loadavg()
-                c0, t0 = cpu_seconds(pids), time.perf_counter()
+                c0, m0, t0 = cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
                 fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
                 fig["cpu_cores"] = _cpu_share(c0, cpu_seconds(pids), time.perf_counter() - t0, server)
+                # everything else on the machine over the same span: other people's work makes figures noisy
+                others = (machine_busy_seconds() - m0) / (time.perf_counter() - t0) - sum(fig["cpu_cores"].values())
+                fig["cpu_cores"]["others"] = round(max(0.0, others), 3)
                 fig["loadavg"] = la
                 fig["profile"] = report.profile_delta(before, await _stats(client, server))
                 res["concurrency"][str(n)] = fig
@@ -201,6 +204,11 @@ def engine_probes(model: Path, args) -> dict:
         out["raw"].append(_probe(["raw", "--n", str(n)], model, args))
         e = out["raw"][-1]
         log(f"  raw batched decode {n:>2} seqs: " + (f"{e['tok_s']:.1f} tok/s" if "tok_s" in e else e.get("error", "?")))
+    out["raw_nosample"] = []  # decode alone, comparable with llama-batched-bench, which does not sample
+    for n in args.raw_sequences:
+        out["raw_nosample"].append(_probe(["raw", "--no-sample", "--n", str(n)], model, args))
+        e = out["raw_nosample"][-1]
+        log(f"  raw batched decode, no sampling, {n:>2} seqs: " + (f"{e['tok_s']:.1f} tok/s" if "tok_s" in e else e.get("error", "?")))
     if "llama-server" in args.systems:
         out["llama_cpp_batched_bench"] = batched_bench(model, args)
         for e in out["llama_cpp_batched_bench"]:

@@ -30,7 +30,7 @@ def _peak_rss_mib() -> float:
     return 0.0
 
 
-def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int, total_ctx: int | None = None) -> dict:
+def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int, total_ctx: int | None = None, sample: bool = True) -> dict:
     import llama_cpp as L
 
     L.llama_backend_init()
@@ -85,7 +85,8 @@ def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int, total_ctx: 
     t1 = time.perf_counter()
     pos = [len(p) for p in prompts]
     for _ in range(gen):
-        nxt = [L.llama_sampler_sample(samplers[s], ctx, idx[s]) for s in range(n)]
+        # without sampling (like llama-batched-bench) every sequence is fed a fixed token: pure decode cost
+        nxt = [L.llama_sampler_sample(samplers[s], ctx, idx[s]) if sample else 1000 for s in range(n)]
         batch.n_tokens = 0
         for s in range(n):
             add(nxt[s], pos[s], s, True)
@@ -98,6 +99,7 @@ def raw(n: int, gen: int, model_path: str, threads: int, n_ctx: int, total_ctx: 
         "mode": "raw",
         "sequences": n,
         "kv_cells": cp.n_ctx,
+        "sampled": sample,
         "tokens": n * gen,
         "prefill_s": t1 - t0,
         "decode_s": t2 - t1,
@@ -143,8 +145,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
     p.add_argument("--total-ctx", type=int, default=None, help="raw: KV cells in all (default ctx x n)")
+    p.add_argument("--no-sample", dest="sample", action="store_false", help="raw: decode only, no sampler (as llama-batched-bench)")
     a = p.parse_args(argv)
-    out = raw(a.n, a.gen, a.model, a.threads, a.ctx, a.total_ctx) if a.mode == "raw" else single(a.gen, a.model, a.threads, a.ctx)
+    out = raw(a.n, a.gen, a.model, a.threads, a.ctx, a.total_ctx, a.sample) if a.mode == "raw" else single(a.gen, a.model, a.threads, a.ctx)
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

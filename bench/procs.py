@@ -123,3 +123,15 @@ def cpu_seconds(pids) -> dict[int, float]:
         rest = stat[stat.rfind(")") + 2 :].split()
         out[p] = (int(rest[11]) + int(rest[12])) / hz
     return out
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes have used since boot (user+nice+system+irq+softirq+steal of /proc/stat)."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return 0.0
+    v = [int(x) for x in first[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")

@@ -84,11 +84,11 @@ def targets(results: dict) -> list[tuple[str, bool | None, str]]:
     ls = r.get("llama-server", {}).get("tok_s", {})
     for c, need in (("1", 0.95), ("4", 1.0), ("8", 1.0), ("16", 1.0)):
         v = ls.get(c)
-        out.append((f"tok/s at {c} vs llama-server >= {need:.2f}x", None if v is None else v >= need, _f(v, "{:.2f}x")))
+        out.append((f"tok/s at {c} vs llama-server >= {need:.2f}x", None if v is None else v >= need, _f(v, "{:.3f}x")))
     sp = r.get("llama-server", {}).get("ttft_p50_speedup", {}).get("8")
-    out.append(("TTFT p50 at 8 no worse than llama-server", None if sp is None else sp >= 1.0, _f(sp, "{:.2f}x")))
+    out.append(("TTFT p50 at 8 no worse than llama-server", None if sp is None else sp >= 1.0, _f(sp, "{:.3f}x")))
     single = r.get("single_llama", {}).get("8")
-    out.append(("tok/s at 8 >= 2x single-sequence Llama", None if single is None else single >= 2.0, _f(single, "{:.2f}x")))
+    out.append(("tok/s at 8 >= 2x single-sequence Llama", None if single is None else single >= 2.0, _f(single, "{:.3f}x")))
     for c, v in sorted(r.get("raw_ceiling", {}).items(), key=lambda kv: int(kv[0])):
         out.append((f"tok/s at {c} within 15% of raw batched ceiling", v >= 0.85, f"{v:.2f}x"))
     ours = results.get("systems", {}).get("ours", {})
@@ -152,6 +152,9 @@ def console(results: dict) -> str:
             else:
                 lines.append(f"  raw batched decode, {e['sequences']:>2} seqs: {e['tok_s']:7.1f} tok/s decode "
                              f"({e['tok_s_with_prefill']:.1f} with prefill)")  # fmt: skip
+        for e in eng.get("raw_nosample", []):
+            if "tok_s" in e:
+                lines.append(f"  raw batched decode, no sampling, {e['sequences']:>2} seqs: {e['tok_s']:7.1f} tok/s decode")
         for e in eng.get("llama_cpp_batched_bench", []):
             if "tok_s" in e:
                 lines.append(f"  llama.cpp batched-bench (llama-server's engine), {e['sequences']:>2} seqs: {e['tok_s']:7.1f} tok/s decode")
@@ -229,6 +232,9 @@ def markdown(results: dict) -> str:
     if eng.get("raw"):
         by = {str(e["sequences"]): e.get("tok_s") for e in eng["raw"]}
         out.append("| raw batched decode (in process, no server) | " + " | ".join(_f(by.get(c)) for c in levels) + " | | |")
+    if eng.get("raw_nosample") and "tok_s" in eng["raw_nosample"][0]:
+        by = {str(e["sequences"]): e.get("tok_s") for e in eng["raw_nosample"]}
+        out.append("| raw batched decode without sampling (ours' llama.cpp) | " + " | ".join(_f(by.get(c)) for c in levels) + " | | |")
     if eng.get("llama_cpp_batched_bench") and "tok_s" in eng["llama_cpp_batched_bench"][0]:
         by = {str(e["sequences"]): e.get("tok_s") for e in eng["llama_cpp_batched_bench"]}
         out.append("| llama-batched-bench (llama-server's llama.cpp, no server) | " + " | ".join(_f(by.get(c)) for c in levels) + " | | |")
