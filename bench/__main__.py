@@ -27,7 +27,7 @@ from . import report, systems, workloads
 from .client import LoadClient, RequestSpec
 from .procs import busy_processes, cpu_seconds, loadavg, machine_busy_seconds
 
-ALL_SYSTEMS = ("ours", "llama-server", "llama-cpp-python")
+ALL_SYSTEMS = ("ours", "ours-worker", "llama-server", "llama-cpp-python")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -115,25 +115,7 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
                 if not w.ok:
                     raise RuntimeError(f"warm-up request failed: {w.error}")
             res["tokens_from_usage"] = w.usage_tokens is not None
-            res["concurrency"] = {}
-            pids = server.pids() | {os.getpid()}
-            for n in args.concurrency:
-                before = await _stats(client, server)
-                la = loadavg()
-                c0, m0, t0 = cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
-                fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
-                fig["cpu_cores"] = _cpu_share(c0, cpu_seconds(pids), time.perf_counter() - t0, server)
-                # everything else on the machine over the same span: other people's work makes figures noisy
-                others = (machine_busy_seconds() - m0) / (time.perf_counter() - t0) - sum(fig["cpu_cores"].values())
-                fig["cpu_cores"]["others"] = round(max(0.0, others), 3)
-                fig["loadavg"] = la
-                fig["profile"] = report.profile_delta(before, await _stats(client, server))
-                res["concurrency"][str(n)] = fig
-                log(f"  {n:>2} streams: {fig['tok_s']:7.1f} tok/s  TTFT p50 {report._f(fig['ttft_ms_p50'], '{:.0f}')} ms"
-                    f"  ITL p50 {report._f(fig['itl_ms_p50'])} ms  ok {fig['ok']}/{fig['streams']}  load {la[0]:.2f}")  # fmt: skip
-                log("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in fig["cpu_cores"].items()))
-                if fig["profile"]:
-                    log(report.profile_line(fig["profile"]))
+            res["concurrency"] = await _levels(client, server, args)
             if long_prompts:
                 before = await _stats(client, server)
                 lp = await workloads.long_prompt_during_decode(client, long_prompts, temperature=args.temperature)
@@ -157,6 +139,51 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
         res["rss"] = server.sample_rss()
         for row in res["rss"]:
             log(f"  peak RSS {row['peak_rss_mib']:.0f} MiB  {row['name']} (pid {row['pid']})")
+    finally:
+        server.stop()
+    return res
+
+
+async def _levels(client, server: systems.Server, args) -> dict:
+    """The concurrency levels against one started system, with cores used and (ours) the worker profile."""
+    out = {}
+    pids = server.pids() | {os.getpid()}
+    for n in args.concurrency:
+        before = await _stats(client, server)
+        la = loadavg()
+        c0, m0, t0 = cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
+        fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
+        fig["cpu_cores"] = _cpu_share(c0, cpu_seconds(pids), time.perf_counter() - t0, server)
+        # everything else on the machine over the same span: other people's work makes figures noisy
+        others = (machine_busy_seconds() - m0) / (time.perf_counter() - t0) - sum(fig["cpu_cores"].values())
+        fig["cpu_cores"]["others"] = round(max(0.0, others), 3)
+        fig["loadavg"] = la
+        fig["profile"] = report.profile_delta(before, await _stats(client, server))
+        out[str(n)] = fig
+        log(f"  {n:>2} streams: {fig['tok_s']:7.1f} tok/s  TTFT p50 {report._f(fig['ttft_ms_p50'], '{:.0f}')} ms"
+            f"  ITL p50 {report._f(fig['itl_ms_p50'])} ms  ok {fig['ok']}/{fig['streams']}  load {la[0]:.2f}")  # fmt: skip
+        log("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in fig["cpu_cores"].items()))
+        if fig["profile"]:
+            log(report.profile_line(fig["profile"]))
+    return out
+
+
+async def measure_worker_direct(shape: systems.Shape, model_name: str, args, work: Path) -> dict:
+    """Our worker alone, driven over ZeroMQ by the protocol client: the same streams without the
+    gateway and HTTP. Beside "ours" it shows what the gateway hop costs on the real model."""
+    from .overhead import DirectClient
+
+    endpoint = f"tcp://127.0.0.1:{systems.free_port()}"
+    server = systems.worker_alone(shape, model_name, endpoint, work)
+    res: dict = {"argv": server.argv, "loadavg_before": loadavg(), "busy_before": busy_processes()}
+    server.start()
+    try:
+        async with DirectClient(endpoint) as client:
+            w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50), max_tokens=16))
+            if not w.ok:
+                raise RuntimeError(f"warm-up request failed: {w.error}")
+            res["concurrency"] = await _levels(client, server, args)
+        res["rss"] = server.sample_rss()
     finally:
         server.stop()
     return res
@@ -287,6 +314,9 @@ async def run(args) -> dict:
             try:
                 if name == "ours":
                     server = systems.ours(shape, model_name, cache / "models", work)
+                elif name == "ours-worker":
+                    runs[name].append(await measure_worker_direct(shape, model_name, args, work))
+                    continue
                 elif name == "llama-server":
                     binary = buildmod.build_llama_server(jobs=args.jobs)
                     results["meta"]["llama_server"] = buildmod.llama_server_source()

@@ -43,28 +43,42 @@ def profile_line(p: dict | None) -> str:
     return f"    worker profile: {p['ticks']} ticks, mean batch {p['mean_batch']:.1f} tokens; per tick: {parts}"
 
 
+def _pair(mine: dict, peer: dict) -> dict:
+    """mine / peer aggregate tok/s per level (and pass by pass), and TTFT p50 speed-up (peer / mine)."""
+    r: dict = {"tok_s": {}, "ttft_p50_speedup": {}}
+    for c, fig in mine.get("concurrency", {}).items():
+        pf = peer.get("concurrency", {}).get(c)
+        if pf and pf.get("tok_s") and fig.get("tok_s"):
+            r["tok_s"][c] = fig["tok_s"] / pf["tok_s"]
+            a, b = fig.get("passes_tok_s") or [], pf.get("passes_tok_s") or []
+            if len(a) > 1 and len(a) == len(b):  # pass i of one against pass i of the other, run back to back
+                r.setdefault("tok_s_paired_passes", {})[c] = [x / y for x, y in zip(a, b)]
+        if pf and pf.get("ttft_ms_p50") and fig.get("ttft_ms_p50"):
+            r["ttft_p50_speedup"][c] = pf["ttft_ms_p50"] / fig["ttft_ms_p50"]
+    return r
+
+
+def _good(s: dict | None) -> bool:
+    return bool(s) and not s.get("error") and bool(s.get("concurrency"))
+
+
 def ratios(results: dict) -> dict:
-    """ours / peer for aggregate tok/s per concurrency, and TTFT p50 (peer / ours: >1 means ours is faster)."""
+    """ours / peer (keyed by the peer's name), plus "ours-worker / llama-server" (our worker without the
+    gateway) and "ours / ours-worker" (what the gateway hop costs), the raw ceiling and the single sequence."""
     systems = results.get("systems", {})
     ours = systems.get("ours")
     out: dict = {}
-    if not ours or ours.get("error"):
-        return out
     for peer in PEERS:
-        p = systems.get(peer)
-        if not p or p.get("error"):
-            continue
-        r: dict = {"tok_s": {}, "ttft_p50_speedup": {}}
-        for c, fig in ours.get("concurrency", {}).items():
-            pf = p.get("concurrency", {}).get(c)
-            if pf and pf.get("tok_s") and fig.get("tok_s"):
-                r["tok_s"][c] = fig["tok_s"] / pf["tok_s"]
-                a, b = fig.get("passes_tok_s") or [], pf.get("passes_tok_s") or []
-                if len(a) > 1 and len(a) == len(b):  # pass i of ours against pass i of the peer, run back to back
-                    r.setdefault("tok_s_paired_passes", {})[c] = [x / y for x, y in zip(a, b)]
-            if pf and pf.get("ttft_ms_p50") and fig.get("ttft_ms_p50"):
-                r["ttft_p50_speedup"][c] = pf["ttft_ms_p50"] / fig["ttft_ms_p50"]
-        out[peer] = r
+        if _good(ours) and _good(systems.get(peer)):
+            out[peer] = _pair(ours, systems[peer])
+    worker = systems.get("ours-worker")
+    if _good(worker):
+        if _good(systems.get("llama-server")):
+            out["ours-worker / llama-server"] = _pair(worker, systems["llama-server"])
+        if _good(ours):
+            out["ours / ours-worker"] = _pair(ours, worker)
+    if not _good(ours):
+        return out
     eng = results.get("engine", {})
     ceiling = {str(e["sequences"]): e["tok_s"] for e in eng.get("raw", []) if "tok_s" in e}
     if ceiling:
@@ -77,6 +91,10 @@ def ratios(results: dict) -> dict:
     return out
 
 
+def _label(key: str) -> str:
+    return key if "/" in key else {"raw_ceiling": "ours / raw batched decode", "single_llama": "ours / single-sequence Llama"}.get(key, f"ours / {key}")
+
+
 def targets(results: dict) -> list[tuple[str, bool | None, str]]:
     """Issue 2 and 4 targets: (what, met?, figures)."""
     r = results.get("ratios", {})
@@ -86,7 +104,10 @@ def targets(results: dict) -> list[tuple[str, bool | None, str]]:
         v = ls.get(c)
         out.append((f"tok/s at {c} vs llama-server >= {need:.2f}x", None if v is None else v >= need, _f(v, "{:.3f}x")))
     sp = r.get("llama-server", {}).get("ttft_p50_speedup", {}).get("8")
-    out.append(("TTFT p50 at 8 no worse than llama-server", None if sp is None else sp >= 1.0, _f(sp, "{:.3f}x")))
+    sysd = results.get("systems", {})
+    ms = [((sysd.get(k) or {}).get("concurrency", {}).get("8") or {}).get("ttft_ms_p50") for k in ("ours", "llama-server")]
+    out.append(("TTFT p50 at 8 no worse than llama-server", None if sp is None else sp >= 1.0,
+                _f(sp, "{:.3f}x") + (f" ({ms[0]:.1f} vs {ms[1]:.1f} ms)" if None not in ms else "")))  # fmt: skip
     single = r.get("single_llama", {}).get("8")
     out.append(("tok/s at 8 >= 2x single-sequence Llama", None if single is None else single >= 2.0, _f(single, "{:.3f}x")))
     for c, v in sorted(r.get("raw_ceiling", {}).items(), key=lambda kv: int(kv[0])):
@@ -190,12 +211,12 @@ def console(results: dict) -> str:
         lines.append("\n== ratios (ours / peer, aggregate tok/s) ==")
         for peer, v in r.items():
             if isinstance(v, dict) and "tok_s" in v:
-                lines.append(f"  vs {peer}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v["tok_s"].items(), key=lambda kv: int(kv[0])))
+                lines.append(f"  {_label(peer)}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v["tok_s"].items(), key=lambda kv: int(kv[0])))
                              + "   TTFT p50 speed-up: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v["ttft_p50_speedup"].items(), key=lambda kv: int(kv[0]))))  # fmt: skip
                 for c, xs in sorted(v.get("tok_s_paired_passes", {}).items(), key=lambda kv: int(kv[0])):
                     lines.append(f"      {c} streams, pass by pass: " + " ".join(f"{x:.2f}x" for x in xs))
             else:
-                lines.append(f"  vs {peer}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v.items(), key=lambda kv: int(kv[0]))))
+                lines.append(f"  {_label(peer)}: " + "  ".join(f"{c}: {x:.2f}x" for c, x in sorted(v.items(), key=lambda kv: int(kv[0]))))
     t = results.get("targets")
     if t:
         lines.append("\n== targets ==")
@@ -242,10 +263,10 @@ def markdown(results: dict) -> str:
         out.append(f"| single-sequence `Llama` (in process) | {eng['single']['tok_s']:.1f} |" + " |" * (len(levels) - 1) + " | |")
     r = results.get("ratios", {})
     if r:
-        out += ["", "| ours / … | " + " | ".join(f"{c} streams" for c in levels) + " |", "|---|" + "---:|" * len(levels)]
+        out += ["", "| aggregate tok/s ratio | " + " | ".join(f"{c} streams" for c in levels) + " |", "|---|" + "---:|" * len(levels)]
         for peer, v in r.items():
             vals = v["tok_s"] if isinstance(v, dict) and "tok_s" in v else v
-            out.append(f"| {peer} | " + " | ".join(_f(vals.get(c), "{:.2f}x") for c in levels) + " |")
+            out.append(f"| {_label(peer)} | " + " | ".join(_f(vals.get(c), "{:.2f}x") for c in levels) + " |")
     out += ["", "| system | long prompt: max gap of running streams (ms) | their usual ITL p50 (ms) | long prompt TTFT p50 (ms) "
             "| conversation TTFT turn 1 / 10 (ms) | peak RSS (MiB, per process) |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, s in systems.items():

@@ -112,3 +112,12 @@ async def test_client_counts_chat_chunks_without_usage():
         await runner.cleanup()
     assert r.ok and r.text == "hi there"
     assert r.usage_tokens is None and r.n_tokens == 2
+
+
+def test_ratios_split_the_gateway_cost_from_the_worker():
+    fig = lambda v: {"concurrency": {"8": {"tok_s": v, "ttft_ms_p50": 100.0}}}  # noqa: E731
+    r = ratios({"systems": {"ours": fig(90.0), "ours-worker": fig(100.0), "llama-server": fig(95.0)}})
+    assert r["llama-server"]["tok_s"]["8"] == pytest.approx(90 / 95)
+    assert r["ours-worker / llama-server"]["tok_s"]["8"] == pytest.approx(100 / 95)
+    assert r["ours / ours-worker"]["tok_s"]["8"] == pytest.approx(0.9)
+    assert "ours-worker / llama-server" not in ratios({"systems": {"ours-worker": fig(1.0), "llama-server": {"error": "x"}}})
