@@ -17,7 +17,7 @@ from ..protocol import Done, ErrorCode, ErrorInfo, FinishReason, Tick
 from .engine_api import Engine, EngineError
 from .profile import TickProfile
 from .request import Phase, Request
-from .seqpool import SeqPool
+from .seqpool import SeqPool, common_prefix
 
 Emit = Callable[[bytes, Tick], None]
 
@@ -124,7 +124,7 @@ class Scheduler:
     def _admit(self, out) -> None:
         while self.waiting:
             req = self.waiting[0]
-            lease = self.pool.acquire(req.session)
+            lease = self.pool.acquire(req.session, req.prompt)
             if lease is None:
                 return
             self.waiting.popleft()
@@ -146,10 +146,7 @@ class Scheduler:
     def _reuse_prefix(self, req: Request, cached: list[int]) -> int:
         """Keep the longest common prefix of the seq's cached tokens and the prompt (at least one
         prompt token is always decoded, for its logits). Returns how many tokens were kept."""
-        k = 0
-        limit = min(len(cached), len(req.prompt) - 1)
-        while k < limit and cached[k] == req.prompt[k]:
-            k += 1
+        k = min(common_prefix(cached, req.prompt), len(req.prompt) - 1)
         if k == 0 or not self.engine.seq_truncate(req.seq, k) or not self.engine.can_continue(req.seq, k):
             self.engine.seq_clear(req.seq)
             return 0

@@ -1,9 +1,11 @@
-"""The seq_id pool: which llama.cpp sequence serves which request, and which stay pinned to a session.
+"""The seq_id pool: which llama.cpp sequence serves which request, and what each one's KV cache holds.
 
-Pure bookkeeping; the scheduler performs the KV operations the pool asks for. A sequence whose
-request ended can stay pinned to its session with its tokens still in the KV cache, so the
-session's next turn only prefills what is new. Pinned sequences are evicted least recently used
-when a request needs a sequence and none is free.
+Pure bookkeeping; the scheduler performs the KV operations the pool asks for. A sequence keeps its
+tokens in the KV cache after its request ends, so a later request that starts with the same tokens
+(the next turn of a conversation, a shared system prompt) only prefills what is new: a request is
+given the free sequence whose cached tokens share the longest prefix with its prompt. A sequence
+can also be pinned to a session, which keeps it for that session's next turn; pinned sequences are
+taken by others only when no unpinned one is free, least recently used first.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ class SeqPool:
     def n_busy(self) -> int:
         return sum(s.busy for s in self.slots)
 
-    def acquire(self, session: str | None) -> Lease | None:
+    def acquire(self, session: str | None, prompt: list[int] | None = None) -> Lease | None:
         """A sequence for a new request, or None when every sequence is busy.
 
-        The session's own pinned sequence is preferred (its KV may be reused); otherwise an
-        unpinned free one; otherwise the least recently used idle pinned one is evicted.
+        The session's own pinned sequence is preferred; otherwise, among the free unpinned
+        sequences (or, when none is, the free pinned ones), the one whose cache shares the longest
+        prefix with the prompt, the least recently used on a tie.
         """
         self._clock += 1
         slot = self._by_session.get(session) if session else None
@@ -53,10 +56,12 @@ class SeqPool:
             free = [s for s in self.slots if not s.busy]
             if not free:
                 return None
-            unpinned = [s for s in free if s.session is None]
-            slot = unpinned[0] if unpinned else min(free, key=lambda s: s.last_used)
-            self._unpin(slot)
-            slot.tokens = []
+            candidates = [s for s in free if s.session is None] or free
+            prompt = prompt or []
+            slot = max(candidates, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+            if slot.session is not None:
+                self._unpin(slot)
+                slot.tokens = []  # another session's cache: not to be matched
             if session:
                 slot.session = session
                 self._by_session[session] = slot
@@ -65,18 +70,22 @@ class SeqPool:
         return Lease(slot.seq, list(slot.tokens))
 
     def release(self, seq: int, tokens: list[int] | None) -> bool:
-        """The request on seq ended. tokens: what its KV holds (kept for a pinned session).
+        """The request on seq ended; tokens: what its KV cache now holds (None: unknown).
 
         Returns True when the caller should clear the sequence's KV now.
         """
         slot = self.slots[seq]
         slot.busy = False
-        if slot.session is not None and tokens is not None:
-            slot.tokens = list(tokens)
-            return False
-        self._unpin(slot)
-        slot.tokens = []
-        return True
+        if tokens is None:
+            self._unpin(slot)
+            slot.tokens = []
+            return True
+        slot.tokens = list(tokens)
+        return False
+
+    def forget(self, seq: int) -> None:
+        """The sequence's KV was cleared: nothing of it is to be matched."""
+        self.slots[seq].tokens = []
 
     def end_session(self, session: str) -> int | None:
         """Unpin a session; returns the seq to clear if it was idle."""
@@ -100,3 +109,11 @@ class SeqPool:
             if self._by_session.get(slot.session) is slot:
                 del self._by_session[slot.session]
             slot.session = None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -74,7 +74,7 @@ def test_abort_frees_the_sequence_within_one_tick():
     eng = RecordingEngine(n_seq_max=1, tps=100)
     with Running(eng) as (s, c):
         s.submit(make_request(eng, "a", "hi", max_tokens=10_000))
-        s.submit(make_request(eng, "b", "hi", max_tokens=3))  # waits: only one sequence
+        s.submit(make_request(eng, "b", "xy", max_tokens=3))  # waits: only one sequence
         c.wait_for(lambda: c.first_delta_time("a") is not None)
         n_before = len(eng.batches)
         s.abort(["a"])
@@ -178,13 +178,57 @@ def test_session_reuses_its_kv_prefix(tiny_engine):
         s.submit(make_request(tiny_engine, "t1", "hello there, general", max_tokens=8, session="S"))
         c.wait(["t1"])
         s.submit(make_request(tiny_engine, "t2", "hello there, general kenobi", max_tokens=8, session="S"))
-        s.submit(make_request(tiny_engine, "t3", "hello there, general kenobi", max_tokens=8))
+        s.submit(make_request(tiny_engine, "t3", "a different start entirely", max_tokens=8))
         c.wait(["t2", "t3"])
     d = c.done()
     assert d["t1"].usage.cached_tokens == 0
     n1 = len(tiny_engine.tokenize("hello there, general", add_special=False))
     assert d["t2"].usage.cached_tokens == n1  # the whole first prompt was already in the seq's KV
-    assert d["t3"].usage.cached_tokens == 0  # no session: cold
+    assert d["t3"].usage.cached_tokens == 0
+
+
+def test_a_follow_up_turn_reuses_the_kv_of_the_previous_one_without_a_session(tiny_engine):
+    first = "user: tell me a story about a lighthouse keeper\nassistant:"
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "turn1", first, max_tokens=10))
+        c.wait(["turn1"])
+        answer = [t for _, _, tk in c.ticks for d in tk.deltas if d.id == "turn1" for t in d.tokens]
+        follow = tiny_engine.tokenize(first, add_special=False) + answer + tiny_engine.tokenize("\nuser: and then?", add_special=False)
+        s.submit(make_request(tiny_engine, "turn2", follow, max_tokens=4))
+        c.wait(["turn2"])
+    turn1 = c.done()["turn1"]
+    cached = c.done()["turn2"].usage.cached_tokens
+    # the prompt and the answer (all but its last token, which was sampled, never decoded) are reused
+    assert cached == turn1.usage.prompt_tokens + turn1.usage.completion_tokens - 1
+
+
+def test_a_reused_prefix_continues_exactly_like_a_fresh_split_of_the_same_work(tiny_engine):
+    """Warm == cold bitwise only against a cold run that splits the work the same way: here the
+    cold run decodes the prompt minus its last token, then the last token alone."""
+    prompt = tiny_engine.tokenize("the quick brown fox", add_special=False)
+    with Running(tiny_engine) as (s, c):
+        s.submit(make_request(tiny_engine, "warmup", prompt[:-1], max_tokens=1))
+        c.wait(["warmup"])
+        s.submit(make_request(tiny_engine, "warm", prompt, max_tokens=12))
+        c.wait(["warm"])
+    assert c.done()["warm"].usage.cached_tokens == len(prompt) - 1
+    from barrel_inference.protocol import Sampling
+
+    e = tiny_engine
+    seq = 3
+    e.seq_clear(seq)
+    n = len(prompt)
+    assert e.decode(prompt[:-1], list(range(n - 1)), [seq] * (n - 1), [False] * (n - 1)) == 0
+    sampler = e.make_sampler(Sampling(temperature=0))
+    out, tok, pos = [], prompt[-1], n - 1
+    for _ in range(12):
+        assert e.decode([tok], [pos], [seq], [True]) == 0
+        tok = e.sample(sampler, 0)
+        out.append(tok)
+        pos += 1
+    e.seq_clear(seq)
+    warm = [t for _, _, tk in c.ticks for d in tk.deltas if d.id == "warm" for t in d.tokens]
+    assert warm == out
 
 
 def test_sampling_with_seed_is_reproducible(tiny_engine):
