@@ -101,3 +101,15 @@ async def test_identical_greedy_requests_batched_together_agree(daemon):
     texts = {o["text"] for o in outs}
     assert len(texts) == 1, texts
     assert len(outs[0]["text"].split()) >= 5
+
+
+async def test_next_turn_of_a_conversation_reuses_the_cached_prefix(daemon):
+    msgs = [{"role": "user", "content": "Name a colour of the sea."}]
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        r1 = (await c.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 12, "temperature": 0})).json()
+        msgs += [r1["choices"][0]["message"], {"role": "user", "content": "And another one?"}]
+        r2 = (await c.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 4, "temperature": 0})).json()
+    cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] < 8  # at most the template's opening, from earlier chats
+    assert cached >= r1["usage"]["prompt_tokens"], r2["usage"]  # at least the whole first prompt was not recomputed
+    assert cached < r2["usage"]["prompt_tokens"]
