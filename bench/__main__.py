@@ -27,6 +27,7 @@ from . import report, systems, workloads
 from .client import LoadClient, RequestSpec
 from .procs import busy_processes, cpu_seconds, loadavg, machine_busy_seconds
 
+NOISY_CORES = 0.1  # other processes using more than this over a workload mark its figures as noisy
 ALL_SYSTEMS = ("ours", "ours-worker", "llama-server", "llama-cpp-python")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -157,12 +158,14 @@ async def _levels(client, server: systems.Server, args) -> dict:
         # everything else on the machine over the same span: other people's work makes figures noisy
         others = (machine_busy_seconds() - m0) / (time.perf_counter() - t0) - sum(fig["cpu_cores"].values())
         fig["cpu_cores"]["others"] = round(max(0.0, others), 3)
+        fig["noisy"] = others > NOISY_CORES
         fig["loadavg"] = la
         fig["profile"] = report.profile_delta(before, await _stats(client, server))
         out[str(n)] = fig
         log(f"  {n:>2} streams: {fig['tok_s']:7.1f} tok/s  TTFT p50 {report._f(fig['ttft_ms_p50'], '{:.0f}')} ms"
             f"  ITL p50 {report._f(fig['itl_ms_p50'])} ms  ok {fig['ok']}/{fig['streams']}  load {la[0]:.2f}")  # fmt: skip
-        log("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in fig["cpu_cores"].items()))
+        log("    cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in fig["cpu_cores"].items())
+            + ("   NOISY: other processes competed for the cores" if fig["noisy"] else ""))
         if fig["profile"]:
             log(report.profile_line(fig["profile"]))
     return out
@@ -216,6 +219,7 @@ def merge_passes(passes: list[dict]) -> dict:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and all(isinstance(x, (int, float)) for x in vals):
                     merged[k] = statistics.median(vals)
             merged["passes_tok_s"] = [f["tok_s"] for f in figs]
+            merged["noisy"] = sum(bool(f.get("noisy")) for f in figs)  # passes disturbed by other processes
             levels[c] = merged
         out["concurrency"] = levels
     out["passes"] = len(good)
@@ -398,6 +402,8 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "report":
         results = json.loads(Path(args.path).read_text())
+        results["ratios"] = report.ratios(results)  # recomputed, so a file reads with the current definitions
+        results["targets"] = report.targets(results)
         print(report.console(results))
         print()
         print(report.markdown(results))

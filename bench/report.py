@@ -139,6 +139,9 @@ def console(results: dict) -> str:
                 f"{_f(f['itl_ms_p50'], '{:8.1f}'):>8} {_f(f['itl_ms_p95'], '{:7.1f}'):>7} {f['ok']:>2}/{f['streams']:<2}  "
                 f"{f.get('loadavg', [''])[0]}"
             )
+            if f.get("noisy"):
+                lines.append(f"          NOISY: other processes competed for the cores in {int(f['noisy'])} pass(es): "
+                             f"passes {[round(x, 1) for x in f.get('passes_tok_s', [f['tok_s']])]} tok/s")  # fmt: skip
             if f.get("errors"):
                 lines.append(f"          errors: {f['errors']}")
             if f.get("cpu_cores"):
@@ -245,10 +248,14 @@ def markdown(results: dict) -> str:
         cc = s.get("concurrency", {})
         eight = cc.get("8", {})
         out.append(
-            f"| {name} | " + " | ".join(_f(cc.get(c, {}).get("tok_s")) for c in levels)
+            f"| {name} | " + " | ".join(_f(cc.get(c, {}).get("tok_s")) + ("*" if cc.get(c, {}).get("noisy") else "") for c in levels)
             + f" | {_f(eight.get('ttft_ms_p50'), '{:.0f}')} / {_f(eight.get('ttft_ms_p95'), '{:.0f}')}"
             + f" | {_f(eight.get('itl_ms_p50'))} / {_f(eight.get('itl_ms_p95'))} |"
         )
+    if any(f.get("noisy") for s in systems.values() for f in s.get("concurrency", {}).values()):
+        out.append("")
+        out.append("\\* other processes used more than 0.1 of a core during at least one pass of this figure (noisy).")
+        out.append("")
     eng = results.get("engine", {})
     if eng.get("raw"):
         by = {str(e["sequences"]): e.get("tok_s") for e in eng["raw"]}
