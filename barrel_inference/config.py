@@ -62,6 +62,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     embed_default_model: bool = True  # register the packaged Gemma 3 270M when no model exists
     max_queue: int = 256  # waiting requests per model before 503 overloaded
     worker_start_timeout: float = 120.0
+    remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
     log_level: str = "info"
     log_json: bool = True
     # model registry and fetch

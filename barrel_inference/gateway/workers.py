@@ -180,7 +180,8 @@ class ModelManager:
                 opts.endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
                 heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, watch_connection=True, logger=self.log,
             )  # fmt: skip
-            hello = await link.connect(timeout)
+            # a remote worker is either up or not: fail fast (503, retryable) rather than hang the client
+            hello = await link.connect(min(timeout, self.settings.remote_connect_timeout))
             handle = WorkerHandle(record, link, hello, None, self.settings.max_queue)
             self.log.info("worker_connected", model=record.name, endpoint=opts.endpoint, n_seq_max=hello.n_seq_max)
         else:

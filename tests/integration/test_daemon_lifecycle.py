@@ -58,3 +58,31 @@ def test_configured_template_override_is_used_and_reported(tiny_gguf, tmp_path):
     assert r.status_code == 200
     assert before["chat_template"] == "llama3"
     assert after["chat_template"] == "llama3" and "<|start_header_id|>" in after["template"]
+
+
+def test_a_worker_on_another_host_is_reached_over_tcp(tiny_gguf, tmp_path):
+    import subprocess
+    import sys
+
+    from .daemon import free_port
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    worker = subprocess.Popen([sys.executable, "-m", "barrel_inference.worker", "--bind", endpoint, "--model-path", str(tiny_gguf),
+                               "--model-name", "tiny:latest", "--n-ctx", "256", "--n-seq-max", "2", "--threads", "1"])  # fmt: skip
+    extra = f'remote_connect_timeout = 2\n[models."tiny:latest"]\nendpoint = "{endpoint}"\n'
+    try:
+        with Daemon(tmp_path, {"tiny": tiny_gguf}, extra=extra) as d:
+            r = httpx.post(d.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3}, timeout=60)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+            assert d.children() == []  # the gateway spawned no worker of its own
+            ps = httpx.get(d.url + "/api/ps", timeout=10).json()["models"]
+            assert ps[0]["endpoint"] == endpoint and ps[0]["pid"] == worker.pid
+            worker.kill()
+            worker.wait()
+            r = httpx.post(d.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3}, timeout=60)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
+            assert httpx.get(d.url + "/health", timeout=10).status_code == 200
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait()
