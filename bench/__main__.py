@@ -217,7 +217,8 @@ def merge_passes(passes: list[dict]) -> dict:
             for k, v in figs[-1].items():
                 vals = [f.get(k) for f in figs]
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and all(isinstance(x, (int, float)) for x in vals):
-                    merged[k] = statistics.median(vals)
+                    m = statistics.median(vals)
+                    merged[k] = round(m) if isinstance(v, int) else m
             merged["passes_tok_s"] = [f["tok_s"] for f in figs]
             merged["noisy"] = sum(bool(f.get("noisy")) for f in figs)  # passes disturbed by other processes
             levels[c] = merged
