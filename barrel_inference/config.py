@@ -46,16 +46,19 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
         return ModelSettings(**fields)
 
 
+# what a model gets where neither the operator nor its manifest says otherwise
+BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
     aliases: dict[str, str] = {}
-    # defaults for every model, then per-model overrides keyed by registry name
-    defaults: ModelSettings = msgspec.field(
-        default_factory=lambda: ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
-    )
+    # the operator's settings for every model, then per-model ones keyed by registry name;
+    # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
+    defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
     models: dict[str, ModelSettings] = {}
     preload: list[str] = []  # models to start with the daemon
     default_model: str = "gemma3:270m"
@@ -92,7 +95,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         return Path(f"/tmp/barrel-inference-{os.getuid()}")
 
     def model_settings(self, name: str) -> ModelSettings:
-        return self.defaults.merged(self.models.get(name))
+        """The operator's settings for `name` over the built-in ones (the manifest not consulted)."""
+        return BUILTIN_MODEL_SETTINGS.merged(self.defaults).merged(self.models.get(name))
 
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -132,9 +136,6 @@ def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | N
     if (v := env.get(ENV_PREFIX + "LOG_JSON")) is not None:
         data["log_json"] = _bool(v)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    defaults = Settings().defaults
-    if "defaults" in data:
-        data["defaults"] = msgspec.structs.asdict(defaults.merged(msgspec.convert(data["defaults"], ModelSettings)))
     try:
         return msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:

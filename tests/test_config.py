@@ -17,7 +17,8 @@ def test_file_then_env_then_overrides(tmp_path):
     assert (s.host, s.port, s.model_cache_dir) == ("0.0.0.0", 7000, "/y")
     assert s.aliases == {"gpt-4o": "gemma3:270m"}
     big, other = s.model_settings("big:7b"), s.model_settings("small")
-    assert (big.n_seq_max, big.threads, big.n_ctx, big.n_batch) == (8, 6, 2048, 512)  # defaults merged under
+    assert (big.n_seq_max, big.threads, big.n_ctx, big.n_batch) == (8, 6, 2048, 512)  # [defaults] and built-ins under it
+    assert s.defaults.n_batch is None  # the file did not set it: a model's own value may apply
     assert (other.n_seq_max, other.n_ctx) == (4, 2048)
     assert load_settings(cfg, env={}, port=1234).port == 1234
 

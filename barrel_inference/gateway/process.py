@@ -1,9 +1,10 @@
 """Worker processes: the options a model's worker starts with, its command line, and the process itself.
 
-Precedence of a worker's engine options, lowest first: the settings' `defaults`, the manifest's
-`loader` (its n_ctx is the model's context clamped at pull time, so it caps the default rather than
-replacing it), the manifest's `parameters` (num_ctx, num_batch, num_seq_max, num_thread), and last
-the operator's per-model section `[models."name"]` of the settings.
+Precedence of a worker's engine options, lowest first: the built-in values
+(config.BUILTIN_MODEL_SETTINGS), the manifest's `loader` (what the pull-time scan derived from the
+GGUF), the operator's `[defaults]`, the manifest's `parameters` (num_ctx, num_batch, num_seq_max,
+num_thread, ...), and last the operator's per-model section `[models."name"]`. n_ctx is capped by
+the loader's n_ctx (the model's own context, clamped at pull time) whatever set it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 import msgspec
 
-from ..config import ModelSettings, Settings
+from ..config import BUILTIN_MODEL_SETTINGS, ModelSettings, Settings
 
 # manifest `parameters` key -> ModelSettings field
 _PARAMETER_KEYS = {
@@ -46,19 +47,21 @@ _FLAGS = {
 
 def engine_options(settings: Settings, record: Any) -> ModelSettings:
     """The engine options of `record`'s worker (see the module doc for the precedence)."""
-    opts = msgspec.structs.asdict(settings.defaults)
+    opts = msgspec.structs.asdict(BUILTIN_MODEL_SETTINGS)
     loader = dict(getattr(record, "loader", None) or {})
     parameters = dict(getattr(record, "parameters", None) or {})
     for key in _LOADER_KEYS:
         if loader.get(key) is not None:
             opts[key] = loader[key]
-    if loader.get("n_ctx"):
-        opts["n_ctx"] = min(int(loader["n_ctx"]), opts["n_ctx"]) if opts.get("n_ctx") else int(loader["n_ctx"])
+    merged = msgspec.convert(opts, ModelSettings, strict=False).merged(settings.defaults)
+    opts = msgspec.structs.asdict(merged)
     for key, field in _PARAMETER_KEYS.items():
         if parameters.get(key) is not None:
             opts[field] = parameters[key]
-    merged = msgspec.convert(opts, ModelSettings, strict=False)
-    return merged.merged(settings.models.get(record.name))
+    merged = msgspec.convert(opts, ModelSettings, strict=False).merged(settings.models.get(record.name))
+    if loader.get("n_ctx") and merged.n_ctx:
+        merged = msgspec.structs.replace(merged, n_ctx=min(int(loader["n_ctx"]), merged.n_ctx))
+    return merged
 
 
 def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelSettings) -> list[str]:

@@ -60,21 +60,22 @@ async def run(handle, submit: Submit) -> tuple[str, Done]:
 
 
 def test_engine_options_precedence():
-    settings = Settings(
-        defaults=ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, threads=2),
-        models={"m:latest": ModelSettings(n_seq_max=8)},
-    )
-    record = StubRecord("m:latest", loader={"n_ctx": 32768, "n_batch": 2048, "n_seq_max": 4, "chat_template": None},
+    settings = Settings(defaults=ModelSettings(n_batch=512, threads=2), models={"m:latest": ModelSettings(n_seq_max=8)})
+    record = StubRecord("m:latest", loader={"n_ctx": 32768, "n_batch": 2048, "n_ubatch": 1024, "n_seq_max": 4, "chat_template": None},
                         parameters={"num_ctx": 4096, "num_thread": 3})  # fmt: skip
     opts = engine_options(settings, record)
     assert opts.n_ctx == 4096  # manifest parameters beat the loader
-    assert opts.threads == 3  # and the defaults
-    assert opts.n_batch == 2048  # the loader beats the defaults
+    assert opts.threads == 3  # and the operator's [defaults]
+    assert opts.n_batch == 512  # the operator's [defaults] beat what the scan derived
+    assert opts.n_ubatch == 1024  # which still fills what the operator left unset
     assert opts.n_seq_max == 8  # the operator's per-model section beats everything
-    assert opts.prefill_chunk == 256
-    # the loader's n_ctx (the model's clamped context) caps the default rather than replacing it
-    assert engine_options(settings, StubRecord("x:1", loader={"n_ctx": 2048})).n_ctx == 2048
-    assert engine_options(settings, StubRecord("x:1", loader={"n_ctx": 32768})).n_ctx == 8192
+    assert opts.prefill_chunk == 256  # built-in, set by nobody else
+    # the loader's n_ctx (the model's own context) caps n_ctx whatever set it
+    assert engine_options(Settings(), StubRecord("x:1", loader={"n_ctx": 2048})).n_ctx == 2048
+    assert engine_options(Settings(), StubRecord("x:1", loader={"n_ctx": 32768})).n_ctx == 8192
+    big = Settings(models={"x:1": ModelSettings(n_ctx=65536)})
+    assert engine_options(big, StubRecord("x:1", loader={"n_ctx": 32768})).n_ctx == 32768
+    assert engine_options(Settings(), StubRecord("x:1", loader={"n_batch": 2048})).n_batch == 2048  # nobody set it
 
 
 def test_worker_argv_and_slug():
