@@ -143,7 +143,7 @@ class EndSession(msgspec.Struct, tag="end_session", tag_field="kind"):
     session: str
 
 
-CALL_OPS = ("tokenize", "detokenize", "render", "count_tokens", "stats")
+CALL_OPS = ("tokenize", "detokenize", "render", "count_tokens", "stats", "embed")
 
 
 class Call(msgspec.Struct, tag="call", tag_field="kind", omit_defaults=True):
@@ -154,11 +154,13 @@ class Call(msgspec.Struct, tag="call", tag_field="kind", omit_defaults=True):
     render: messages (+tools, add_generation_prompt) -> text
     count_tokens: text or messages -> count
     stats: -> stats
+    embed: texts -> embeddings (L2-normalised, mean-pooled) and count (tokens read)
     """
 
     id: str
     op: str
     text: str | None = None
+    texts: list[str] | None = None
     tokens: list[int] | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict] | None = None
@@ -242,6 +244,7 @@ class CallResult(msgspec.Struct, tag="call_result", tag_field="kind", omit_defau
     count: int | None = None
     stats: dict | None = None
     error: ErrorInfo | None = None
+    embeddings: list[list[float]] | None = None
 
 
 class Pong(msgspec.Struct, tag="pong", tag_field="kind"):

@@ -114,6 +114,8 @@ class LlamaEngine:
             if L.llama_vocab_is_eog(self.vocab, t):
                 self._eog[t] = True
         self.ctx = None
+        self._embed_ctx = None
+        self._embed_batch = None
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._create_context()
 
@@ -156,6 +158,10 @@ class LlamaEngine:
         self._create_context()
 
     def close(self) -> None:
+        if self._embed_ctx:
+            L.llama_batch_free(self._embed_batch)
+            L.llama_free(self._embed_ctx)
+            self._embed_ctx = None
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
@@ -236,6 +242,43 @@ class LlamaEngine:
         """
         pos_min = self.seq_pos_min(seq)
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
+
+    # ---- embeddings ---------------------------------------------------------------------
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Mean-pooled, L2-normalised embeddings, from a second context made on first use."""
+        if self._embed_ctx is None:
+            cp = L.llama_context_default_params()
+            cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+            cp.n_seq_max = 1
+            cp.n_threads = cp.n_threads_batch = self.threads
+            cp.embeddings = True
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+            cp.no_perf = True
+            self._embed_ctx = L.llama_init_from_model(self.model, cp)
+            if not self._embed_ctx:
+                raise EngineError("internal", "llama.cpp could not create an embedding context")
+            self._embed_batch = L.llama_batch_init(self.n_ctx, 0, 1)
+        ctx, b = self._embed_ctx, self._embed_batch
+        n_embd = L.llama_model_n_embd(self.model)
+        out, total = [], 0
+        for i, text in enumerate(texts):
+            toks = self.tokenize(text, add_special=True, parse_special=False)
+            if not toks:
+                raise EngineError("invalid_request", f"input[{i}] is empty")
+            if len(toks) > self.n_ctx:
+                raise EngineError("context_length_exceeded", f"input[{i}] has {len(toks)} tokens; at most {self.n_ctx} fit")
+            L.llama_memory_clear(L.llama_get_memory(ctx), True)
+            for j, t in enumerate(toks):
+                b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = t, j, 1, True
+                b.seq_id[j][0] = 0
+            b.n_tokens = len(toks)
+            if L.llama_decode(ctx, b) != 0:
+                raise EngineError("decode_failed", "llama_decode failed while embedding")
+            vec = np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, 0), shape=(n_embd,)).astype(np.float64)
+            norm = float(np.linalg.norm(vec)) or 1.0
+            out.append((vec / norm).tolist())
+            total += len(toks)
+        return out, total
 
     # ---- sampling -----------------------------------------------------------------------
     def grammar_from_schema(self, schema: dict) -> str:

@@ -73,6 +73,16 @@ class FakeEngine:
     def grammar_from_schema(self, schema: dict) -> str:
         return "root ::= \"{}\""
 
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        vecs = []
+        for t in texts:
+            counts = [0.0] * 8
+            for b in t.encode():
+                counts[b % 8] += 1.0
+            norm = sum(c * c for c in counts) ** 0.5 or 1.0
+            vecs.append([c / norm for c in counts])
+        return vecs, sum(len(t.encode()) for t in texts)
+
     def seq_clear(self, seq: int) -> None:
         pass
 

@@ -19,7 +19,7 @@ from ..protocol import (
     PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, ErrorCode, ErrorInfo, Hello, Ping, Pong,
     Submit, Tick, WorkerCodec,
 )  # fmt: skip
-from .engine_api import Engine
+from .engine_api import Engine, EngineError
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -175,8 +175,13 @@ class WorkerServer:
                     text = self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt)
                     return CallResult(msg.id, count=len(self.prompts.tokenize_rendered(text)))
                 return CallResult(msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
+            if msg.op == "embed":
+                vectors, count = e.embed(msg.texts if msg.texts is not None else [msg.text or ""])
+                return CallResult(msg.id, embeddings=vectors, count=count)
             if msg.op == "stats":
                 return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
         except (PromptError, TemplateError) as exc:
             return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
+        except EngineError as exc:
+            return CallResult(msg.id, error=ErrorInfo(ErrorCode(exc.code), str(exc), param="input"))
         return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))

@@ -161,3 +161,35 @@ async def test_response_format_json_schema_is_enforced(daemon):
     assert choice["finish_reason"] == "stop", choice
     value = json.loads(choice["message"]["content"])
     assert isinstance(value["n"], int) and isinstance(value["ok"], bool)
+
+
+async def test_embeddings_openai_shape_normalised_and_deterministic(daemon):
+    import math
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r = await c.post("/v1/embeddings", json={"model": "tiny", "input": ["hello world", "hello world", "something else"]})
+        one = await c.post("/v1/embeddings", json={"model": "tiny", "input": "hello world"})
+        bad = await c.post("/v1/embeddings", json={"model": "tiny", "input": []})
+        long = await c.post("/v1/embeddings", json={"model": "tiny", "input": "word " * 3000})
+        missing = await c.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    vecs = [d["embedding"] for d in body["data"]]
+    assert [d["index"] for d in body["data"]] == [0, 1, 2] and body["object"] == "list"
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1.0) < 1e-6 for v in vecs)
+    assert vecs[0] == vecs[1] != vecs[2]
+    assert body["usage"]["prompt_tokens"] > 0
+    assert one.json()["data"][0]["embedding"] == vecs[0]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    assert missing.status_code == 404
+
+
+def test_bictl_embed_against_the_daemon(daemon):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "barrel_inference.cli", "--host", daemon.url, "embed", "tiny", "hello"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "dim=64" in out.stdout

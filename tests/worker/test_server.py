@@ -146,3 +146,14 @@ def test_json_schema_forces_valid_json(worker):
     texts, dones = client.until_done(["j"])
     assert dones["j"].finish_reason is FinishReason.STOP
     assert isinstance(json.loads(texts["j"])["ok"], bool)
+
+
+def test_embed_call(worker):
+    _, client = worker
+    hello(client)
+    client.send(Call("e", "embed", texts=["abc", "abc", "xyz"]))
+    r = client.recv()
+    assert r.error is None and len(r.embeddings) == 3 and len(r.embeddings[0]) == 64
+    assert r.embeddings[0] == r.embeddings[1] != r.embeddings[2]
+    client.send(Call("e2", "embed", texts=["word " * 400]))
+    assert client.recv().error.code is ErrorCode.CONTEXT_LENGTH

@@ -1,4 +1,4 @@
-"""OpenAI routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{id}]."""
+"""OpenAI routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models[/{id}]."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Delta, Submit
+from ...protocol import Call, Delta, Submit
 from ..errors import GatewayError, invalid
 from ..generation import Generation, record_rejected
 from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
@@ -24,7 +24,7 @@ from .convert import (
     model_json,
 )
 from .stream import ChatStreamEncoder, CompletionStreamEncoder
-from .wire import ChatCompletionRequest, CompletionRequest, WireError, decode
+from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, WireError, decode
 
 API_CHAT = "openai.chat"
 API_COMPLETIONS = "openai.completions"
@@ -122,6 +122,30 @@ async def _sse_body(gen: Generation, enc: Any):
         gen.close()
 
 
+async def embeddings(request: Request) -> Response:
+    rid = new_id("emb-")
+    try:
+        req = decode(await request.body(), EmbeddingRequest)
+        texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        if not texts:
+            raise invalid("input must not be empty", "input")
+        if req.encoding_format not in (None, "float"):
+            raise invalid("only encoding_format 'float' is supported", "encoding_format")
+        if req.dimensions is not None:
+            raise invalid("dimensions is not supported: the model's embedding size is fixed", "dimensions")
+        handle = await request.app.state.models.get(req.model)
+        result = await handle.call(Call(id=rid, op="embed", texts=texts))
+    except WireError as exc:
+        return error_response(invalid(str(exc), exc.param), rid)
+    except GatewayError as exc:
+        return error_response(exc, rid)
+    if result.error is not None:
+        return error_response(GatewayError.from_info(result.error), rid)
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.embeddings or [])]
+    usage = {"prompt_tokens": result.count or 0, "total_tokens": result.count or 0}
+    return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage})
+
+
 async def list_models(request: Request) -> Response:
     records = request.app.state.registry.list()
     data = [model_json(r.name, _created(r)) for r in records]
@@ -150,6 +174,7 @@ def routes() -> list[Route]:
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
     ]

@@ -104,6 +104,14 @@ class CompletionRequest(_Sampling, kw_only=True):
     logprobs: int | None = None
 
 
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    model: str
+    input: Union[str, list[str]]
+    encoding_format: str | None = None  # "float" only
+    dimensions: int | None = None
+    user: str | None = None
+
+
 class WireError(ValueError):
     """A body that is not valid JSON or does not fit the request Struct; `param` names the field."""
 
