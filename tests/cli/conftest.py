@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from netutil import wait_healthy
 import pytest
 
 from barrel_inference.config import ModelSettings, Settings
@@ -79,15 +79,7 @@ class DaemonThread:
             registry.register_local(MODEL, self.tiny)
             task = asyncio.create_task(serve(settings, self.stop_event, registry=registry, logger=logger))
             url = settings.base_url()
-            async with httpx.AsyncClient(base_url=url, timeout=2) as probe:
-                for _ in range(300):
-                    try:
-                        if (await probe.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.02)
-                else:
-                    raise RuntimeError("the test daemon did not come up")
+            await wait_healthy(url)
             self.daemon = Daemon(url, f"127.0.0.1:{port}", settings, registry, worker, cdn, hf, ol, asyncio.get_running_loop())
             self.ready.set()
             await task

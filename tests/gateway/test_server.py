@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import httpx
+from netutil import wait_healthy
 import openai
 import pytest
 
@@ -42,15 +43,7 @@ async def server(tmp_path, fake_worker):
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop, registry=registry, models=models, logger=logs.logger))
     base = settings.base_url()
-    async with httpx.AsyncClient(base_url=base, timeout=5) as probe:
-        for _ in range(200):
-            try:
-                if (await probe.get("/health")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("server did not come up")
+    await wait_healthy(base)
     assert registry.ensured == 1
     assert [e["model"] for e in logs.events("model_preload_failed")] == ["missing:1b"]  # and the gateway still serves
     yield base, models, logs
