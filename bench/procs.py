@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+def _stat_fields():
+    """(pid, the fields of /proc/<pid>/stat after the command name) for every live process.
+
+    Field 4 of stat (ppid) is the second item; utime and stime (fields 14, 15) are items 11 and 12.
+    """
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -15,9 +18,13 @@ def _children_map() -> dict[int, list[int]]:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        # field 4 (ppid) follows the ")" that ends the command name
-        rest = stat[stat.rfind(")") + 2 :].split()
-        kids.setdefault(int(rest[1]), []).append(int(d.name))
+        yield int(d.name), stat[stat.rfind(")") + 2 :].split()
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for pid, rest in _stat_fields():
+        kids.setdefault(int(rest[1]), []).append(pid)
     return kids
 
 
@@ -86,17 +93,7 @@ def busy_processes(min_cpu_pct: float = 20.0, exclude: set[int] | None = None, s
     hz = os.sysconf("SC_CLK_TCK")
 
     def ticks() -> dict[int, int]:
-        out = {}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            rest = stat[stat.rfind(")") + 2 :].split()
-            out[int(d.name)] = int(rest[11]) + int(rest[12])
-        return out
+        return {pid: int(rest[11]) + int(rest[12]) for pid, rest in _stat_fields()}
 
     a = ticks()
     time.sleep(sample_s)
