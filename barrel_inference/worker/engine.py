@@ -231,9 +231,6 @@ class LlamaEngine:
     def seq_pos_min(self, seq: int) -> int:
         return L.llama_memory_seq_pos_min(self.mem, seq)
 
-    def seq_pos_max(self, seq: int) -> int:
-        return L.llama_memory_seq_pos_max(self.mem, seq)
-
     def can_continue(self, seq: int, n_past: int) -> bool:
         """After truncating to n_past: does the cache still hold what new tokens attend to?
 

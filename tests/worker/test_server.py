@@ -1,6 +1,5 @@
 """The worker as a real process, spoken to over a real ZeroMQ socket with the protocol codec."""
 
-import os
 import signal
 import subprocess
 import sys
