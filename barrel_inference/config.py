@@ -64,6 +64,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     default_model: str = "gemma3:270m"
     embed_default_model: bool = True  # register the packaged Gemma 3 270M when no model exists
     max_queue: int = 256  # waiting requests per model before 503 overloaded
+    # residency: how long an idle model stays loaded after a request that did not say (a duration such as
+    # "5m" / "1h30m", or seconds; 0 = unload at once, negative = forever), and how many / how many bytes of
+    # models may be loaded together (0 = no limit; the least recently used idle model makes room)
+    keep_alive: str | int | float = "5m"
+    max_loaded_models: int = 0
+    max_loaded_bytes: int = 0
     worker_start_timeout: float = 120.0
     remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
     log_level: str = "info"

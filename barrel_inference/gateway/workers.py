@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
 from typing import Any, Sequence
 
@@ -28,6 +29,7 @@ from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
 from .logging import make_logger
 from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
+from .residency import Residency
 
 UNLOAD_DRAIN_S = 2.0
 
@@ -50,6 +52,7 @@ class RunningModel(msgspec.Struct):
     digest: str | None = None
     details: dict = {}
     chat_template_source: str = ""
+    expires_at: float | None = None  # unix time the idle model will be stopped; None: never
 
 
 class WorkerHandle:
@@ -65,6 +68,11 @@ class WorkerHandle:
         self.limit = max(1, hello.n_seq_max) + max(0, max_queue)
         self.in_flight = 0
         self.unloading = False
+        # residency (gateway/residency.py): seconds kept after the last request, the unload deadline, LRU clock
+        self.keep_alive: float = math.inf
+        self.expires_at: float | None = None
+        self.last_used = time.time()
+        self.on_release: Any = None
 
     @property
     def alive(self) -> bool:
@@ -89,8 +97,10 @@ class WorkerHandle:
         stream.add_done_callback(self._release)
         return stream
 
-    def _release(self, _done: Any) -> None:
+    def _release(self, done: Any) -> None:
         self.in_flight -= 1
+        if self.on_release is not None:
+            self.on_release(self, done.id)
 
     async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
         return await self.link.call(call, timeout)
@@ -103,8 +113,15 @@ class WorkerHandle:
             in_flight=self.in_flight, n_ctx=h.n_ctx, n_seq_max=h.n_seq_max, architecture=h.architecture,
             chat_template=h.chat_template, path=str(getattr(r, "path", "") or ""), size=int(getattr(r, "size", 0) or 0),
             digest=getattr(r, "digest", None), details=dict(getattr(r, "details", None) or {}),
-            chat_template_source=h.chat_template_source,
+            chat_template_source=h.chat_template_source, expires_at=self._expires_at(),
         )  # fmt: skip
+
+    def _expires_at(self) -> float | None:
+        if self.process is None or self.keep_alive == math.inf:
+            return None
+        if self.in_flight > 0 or self.expires_at is None:  # busy: the deadline once it goes idle now
+            return time.time() + self.keep_alive
+        return self.expires_at
 
 
 class ModelManager:
@@ -131,6 +148,7 @@ class ModelManager:
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
+        self.residency = Residency(self, settings, self.log)
 
     # ---- lookup -----------------------------------------------------------------------
     async def resolve(self, name: str) -> Any:
@@ -156,14 +174,18 @@ class ModelManager:
             raise worker_unavailable("the gateway is shutting down")
         record = await self.resolve(name)
         handle = self._handles.get(record.name)
-        if handle is not None and handle.alive:
-            return handle
-        task = self._starting.get(record.name)
-        if task is None:
-            task = asyncio.create_task(self._start(record), name=f"start-{record.name}")
-            self._starting[record.name] = task
-            task.add_done_callback(lambda t, key=record.name: self._starting.pop(key, None))
-        return await asyncio.shield(task)
+        if handle is None or not handle.alive:
+            task = self._starting.get(record.name)
+            if task is None:
+                task = asyncio.create_task(self._start(record), name=f"start-{record.name}")
+                self._starting[record.name] = task
+                task.add_done_callback(lambda t, key=record.name: self._starting.pop(key, None))
+            handle = await asyncio.shield(task)
+        self.residency.claimed(handle)
+        return handle
+
+    def current(self, name: str) -> WorkerHandle | None:
+        return self._handles.get(name)
 
     def running(self) -> list[RunningModel]:
         return [h.info() for h in self._handles.values() if h.alive]
@@ -185,9 +207,12 @@ class ModelManager:
             handle = WorkerHandle(record, link, hello, None, self.settings.max_queue)
             self.log.info("worker_connected", model=record.name, endpoint=opts.endpoint, n_seq_max=hello.n_seq_max)
         else:
+            await self.residency.make_room(record)
             handle = await self._spawn(record, opts, timeout)
         old = self._handles.get(record.name)
         self._handles[record.name] = handle
+        handle.on_release = self.residency.released
+        self.residency.loaded(handle)
         if old is not None and old is not handle:
             self._spawn_task(old.link.close("the worker was replaced"))
         return handle
@@ -253,14 +278,18 @@ class ModelManager:
         if self._handles.get(handle.name) is handle:
             del self._handles[handle.name]
 
+    def spawn_task(self, coro: Any) -> None:
+        self._spawn_task(coro)
+
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
 
     # ---- stop -------------------------------------------------------------------------
-    async def unload(self, name: str) -> bool:
-        """Abort the model's requests and stop its worker. False when it was not running."""
+    async def unload(self, name: str, *, only_if_idle: bool = False) -> bool:
+        """Abort the model's requests and stop its worker. False when it was not running (or, with
+        only_if_idle, when it has requests)."""
         key = name if name in self._handles or name in self._starting else None
         if key is None:
             try:
@@ -273,14 +302,16 @@ class ModelManager:
                 await asyncio.shield(starting)
             except Exception:
                 return False
-        handle = self._handles.pop(key, None)
-        if handle is None:
+        handle = self._handles.get(key)
+        if handle is None or (only_if_idle and handle.in_flight > 0):
             return False
-        await self._stop(handle, "model unloaded")
+        del self._handles[key]
+        await self._stop(handle, "keep_alive expired" if only_if_idle else "model unloaded")
         return True
 
     async def _stop(self, handle: WorkerHandle, reason: str) -> None:
         handle.unloading = True
+        self.residency.stopped(handle.name)
         ids = handle.link.in_flight()
         if ids:
             handle.link.abort(ids)
@@ -296,6 +327,7 @@ class ModelManager:
 
     async def aclose(self) -> None:
         self._closed = True
+        self.residency.aclose()
         for task in list(self._starting.values()):
             task.cancel()
         await asyncio.gather(*self._starting.values(), return_exceptions=True)

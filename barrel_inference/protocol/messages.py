@@ -96,6 +96,7 @@ class Sampling(msgspec.Struct, omit_defaults=True):
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0  # locally typical sampling; 1.0 = off
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0

@@ -24,6 +24,9 @@ class ModelRecord:
     source: dict = field(default_factory=dict)  # {'kind', 'spec', 'resolved', ...}
     template: str | None = None  # a template text from the source (an Ollama Go template), informative only
     manifest_digest: str = ""  # sha256 of the manifest file, an identity for this exact registration
+    system: str | None = None  # a default system message (Modelfile SYSTEM)
+    messages: list = field(default_factory=list)  # messages put before every chat (Modelfile MESSAGE)
+    license: list = field(default_factory=list)
 
     @property
     def passthrough(self) -> bool:
@@ -53,4 +56,7 @@ def record_from_manifest(data: dict, path: Path, manifest_digest: str) -> ModelR
         source=data.get("source") or {},
         template=data.get("template"),
         manifest_digest=manifest_digest,
+        system=data.get("system"),
+        messages=list(data.get("messages") or []),
+        license=list(data.get("license") or []),
     )

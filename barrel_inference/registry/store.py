@@ -164,6 +164,19 @@ class Registry:
         atomic_write_json(self.layout.manifest_path(dst), data)
         return self.resolve(dst)
 
+    def manifest_data(self, name: str) -> dict:
+        """The manifest of `name` as stored (raises model_not_found)."""
+        record = self.resolve(name)
+        return json.loads(self.layout.manifest_path(record.name).read_bytes())
+
+    def write_data(self, name: str, data: dict) -> ModelRecord:
+        """Write a manifest derived from another one (same blob or path) under `name`, atomically."""
+        name = normalize(name)
+        data = {**data, "name": name, "modified_at": now_utc().isoformat()}
+        self.layout.ensure()
+        atomic_write_json(self.layout.manifest_path(name), data)
+        return self.resolve(name)
+
     def delete(self, name: str) -> list[Path]:
         """Remove the manifest of `name` and every blob no manifest refers to any more; returns the blobs removed."""
         try:

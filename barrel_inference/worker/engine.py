@@ -320,6 +320,8 @@ class LlamaEngine:
                 add(L.llama_sampler_init_top_k(s.top_k))
             if s.top_p < 1.0:
                 add(L.llama_sampler_init_top_p(s.top_p, 1))
+            if 0.0 < s.typical_p < 1.0:
+                add(L.llama_sampler_init_typical(s.typical_p, 1))
             if s.min_p > 0.0:
                 add(L.llama_sampler_init_min_p(s.min_p, 1))
             add(L.llama_sampler_init_temp(s.temperature))

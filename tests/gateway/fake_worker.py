@@ -25,12 +25,13 @@ from barrel_inference.protocol import (
 )  # fmt: skip
 
 
-def script_of(submit: Submit) -> list[str]:
+def script_of(submit: Submit, words: list[str] | None = None) -> list[str]:
     if submit.messages:
         return submit.messages[-1].content.split()
     if submit.prompt is not None:
         return submit.prompt.split()
-    return [f"t{t}" for t in submit.prompt_tokens or []]
+    words = words or []
+    return [words[t] if 0 <= t < len(words) else f"t{t}" for t in submit.prompt_tokens or []]
 
 
 class FakeWorker:
@@ -55,6 +56,12 @@ class FakeWorker:
         self._sock = None
         self._loop_task = None
         self.alive = False
+        self.words: list[str] = []  # the fake vocabulary: a token id is a word's index, in order of first use
+
+    def token_of(self, word: str) -> int:
+        if word not in self.words:
+            self.words.append(word)
+        return self.words.index(word)
 
     async def start(self) -> str:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -128,11 +135,21 @@ class FakeWorker:
             return CallResult(msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                              "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if msg.op == "tokenize":
-            return CallResult(msg.id, tokens=list(range(len((msg.text or "").split()))))
+            return CallResult(msg.id, tokens=[self.token_of(w) for w in (msg.text or "").split()])
+        if msg.op == "detokenize":
+            return CallResult(msg.id, text=" ".join(self.words[t] for t in msg.tokens or [] if 0 <= t < len(self.words)))
+        if msg.op == "render":  # the fake chat template: the contents, space-separated
+            return CallResult(msg.id, text=" ".join(m.content for m in msg.messages or []))
+        if msg.op == "embed":
+            texts = msg.texts or []
+            if any("TOOLONG" in t for t in texts):
+                return CallResult(msg.id, error=ErrorInfo(ErrorCode.CONTEXT_LENGTH, "input is longer than the context", param="input"))
+            return CallResult(msg.id, embeddings=[[float(len(t.split())), 1.0, 0.0, 0.0] for t in texts],
+                              count=sum(len(t.split()) for t in texts))  # fmt: skip
         return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
 
     async def _generate(self, peer: bytes, s: Submit) -> None:
-        words = script_of(s)
+        words = script_of(s, self.words)
         prompt_tokens = sum(len(m.content.split()) for m in s.messages) if s.messages else len(words)
         usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=min(self.cached_tokens, prompt_tokens))
         try:
@@ -156,7 +173,8 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                await self._send(peer, Tick(deltas=[Delta(id=s.id, text=word if n == 1 else " " + word, n_tokens=1)]))
+                tokens = [self.token_of(word)] if s.want_tokens else []
+                await self._send(peer, Tick(deltas=[Delta(id=s.id, text=word if n == 1 else " " + word, tokens=tokens, n_tokens=1)]))
             usage.completion_tokens = n
             await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.STOP, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:

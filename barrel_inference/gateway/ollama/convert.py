@@ -19,6 +19,13 @@ def iso(when: dt.datetime | float | None) -> str:
     return when.isoformat()
 
 
+def iso_ns(unix: float) -> str:
+    """RFC 3339 in UTC with the fraction Go would print (what Ollama's expires_at looks like)."""
+    from .stream import created_at
+
+    return created_at(int(unix * 1_000_000_000))
+
+
 def short_digest(record: Any) -> str:
     """Ollama's `digest` in tags/ps: a hex sha256 without prefix (ours: the GGUF blob's, else the manifest's)."""
     return bare_hex(record.digest or record.manifest_digest or "")
@@ -47,12 +54,23 @@ def tag_item(record: Any) -> dict:
     }
 
 
+ENCODER_ARCHITECTURES = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder", "neo-bert", "modern-bert")
+
+
 def capabilities(record: Any) -> list[str]:
-    caps = ["completion"]
-    if record.loader.get("tool_format"):
+    """Ollama's capability names, from the pull-time scan: completion, tools, thinking, embedding."""
+    details = getattr(record, "details", None) or {}
+    arch = details.get("architecture", "")
+    info = details.get("model_info") or {}
+    encoder = arch in ENCODER_ARCHITECTURES
+    caps = [] if encoder else ["completion"]
+    loader = getattr(record, "loader", None) or {}
+    if loader.get("tool_format") and not encoder:
         caps.append("tools")
-    if record.loader.get("thinking_start"):
+    if loader.get("thinking_start") and not encoder:
         caps.append("thinking")
+    if encoder or f"{arch}.pooling_type" in info:
+        caps.append("embedding")
     return caps
 
 
@@ -84,10 +102,14 @@ def modelfile(record: Any) -> str:
     ]
     if record.template:
         lines.append(f'TEMPLATE """{record.template}"""')
+    if getattr(record, "system", None):
+        lines.append(f'SYSTEM """{record.system}"""')
     for key in sorted(record.parameters):
         value = record.parameters[key]
         for v in value if isinstance(value, list) else [value]:
             lines.append(f"PARAMETER {key} {_param_value(v)}")
+    for m in getattr(record, "messages", None) or []:
+        lines.append(f'MESSAGE {m.get("role", "user")} """{m.get("content", "")}"""')
     return "\n".join(lines) + "\n"
 
 
@@ -112,6 +134,9 @@ def show_body(record: Any, *, verbose: bool = False, template: str | None = None
         "details": details(record.details),
         "model_info": model_info(record.details, verbose),
         "capabilities": capabilities(record),
+        **({"system": record.system} if getattr(record, "system", None) else {}),
+        **({"license": "\n".join(record.license)} if getattr(record, "license", None) else {}),
+        **({"messages": record.messages} if getattr(record, "messages", None) else {}),
         "modified_at": iso(record.modified),
         # ours
         "loader": record.engine(),
@@ -128,7 +153,7 @@ def ps_item(info: Any) -> dict:
         "size": getattr(info, "size", 0) or 0,
         "digest": bare_hex(digest),
         "details": details(getattr(info, "details", None) or {"architecture": getattr(info, "architecture", "")}),
-        "expires_at": FOREVER,
+        "expires_at": FOREVER if getattr(info, "expires_at", None) is None else iso_ns(info.expires_at),
         "size_vram": 0,
         "context_length": getattr(info, "n_ctx", 0),
         # ours

@@ -1,0 +1,397 @@
+"""Ollama's generation routes: POST /api/generate, /api/chat, /api/embed, /api/embeddings.
+
+Streaming answers are NDJSON (`application/x-ndjson`), one object per line, flushed per worker tick; a failure
+after the stream started ends it with an `{"error": "..."}` line. Errors before are `{"error": "..."}` with the
+fitting status. keep_alive is honoured on every route (gateway/residency.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, AsyncIterator
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ...protocol import Call, ChatMessage, Delta, Done, ErrorCode, Submit
+from ..errors import GatewayError, invalid
+from ..generation import Generation, record_rejected
+from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
+from ..keepalive import KeepAliveError, parse_keep_alive
+from . import convert, options as opts, stream as enc
+from .convert_gen import (
+    PartMapper, chat_messages, check_generate, check_think, done_error, error_message, error_status,
+    generate_messages, schema_of, tools_of,
+)  # fmt: skip
+from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+
+API_GENERATE, API_CHAT, API_EMBED = "ollama.generate", "ollama.chat", "ollama.embed"
+NDJSON = "application/x-ndjson"
+
+
+class _Rejected(Exception):
+    def __init__(self, error: GatewayError) -> None:
+        self.error = error
+
+
+def _decode(body: bytes, kind: type) -> Any:
+    if not body.strip():
+        raise _Rejected(invalid("the request body is empty; send a JSON object"))
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        path = str(exc).rsplit("at `$.", 1)
+        param = path[1].rstrip("`") if len(path) == 2 else None
+        raise _Rejected(invalid(f"invalid request body: {exc}", param)) from None
+    except msgspec.DecodeError as exc:
+        raise _Rejected(invalid(f"the request body is not valid JSON: {exc}")) from None
+
+
+def _error(exc: GatewayError, model: str | None, request_id: str | None = None) -> Response:
+    status = error_status(exc.code)
+    headers = {"retry-after": "1"} if status == 503 else {}
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONBody({"error": error_message(exc.info, model)}, status_code=status, headers=headers)
+
+
+class Prepared:
+    """What every generation route works out before it runs anything."""
+
+    def __init__(self, request: Request, req: Any, api: str, id_prefix: str) -> None:
+        self.request = request
+        self.state = request.app.state
+        self.req = req
+        self.api = api
+        self.id = new_id(id_prefix)
+        self.request_id = client_request_id(request) or self.id
+        self.t0 = time.monotonic_ns()
+        self.name = (req.model or req.name or "").strip()
+        if not self.name:
+            raise _Rejected(invalid("'model' is required", "model"))
+        try:
+            default = self.state.models.residency.default_keep_alive
+            self.keep_alive = parse_keep_alive(req.keep_alive, default) if req.keep_alive is not None else None
+        except KeepAliveError as exc:
+            raise _Rejected(invalid(f"invalid keep_alive: {exc}", "keep_alive")) from None
+        self.options = opts.validate(getattr(req, "options", None))
+        self.record: Any = None
+        self.load_ns = 0
+
+    async def resolve(self) -> Any:
+        self.record = await self.state.models.resolve(self.name)
+        return self.record
+
+    async def handle(self) -> Any:
+        """The model's worker (started if needed); load_duration is the time a start took."""
+        models = self.state.models
+        running = models.current(self.record.name)
+        t = time.monotonic_ns()
+        handle = await models.get(self.name)
+        if running is None or running is not handle:
+            self.load_ns = time.monotonic_ns() - t
+        return handle
+
+    def engine(self) -> opts.Options:
+        return opts.to_engine(getattr(self.record, "parameters", None) or {}, self.options)
+
+    def total_ns(self) -> int:
+        return time.monotonic_ns() - self.t0
+
+    def figures(self, done: Done) -> enc.Figures:
+        return enc.Figures.of(done, total_ns=self.total_ns(), load_ns=self.load_ns)
+
+    def note_loader(self, handle: Any, loader: dict) -> None:
+        """Loader options this worker was not started with are logged: the request runs on the loaded worker."""
+        hello = handle.hello
+        have = {"n_ctx": hello.n_ctx}
+        differ = {k: v for k, v in loader.items() if k in have and have[k] != v}
+        if differ:
+            self.state.log.info("loader_options_differ", model=handle.name, asked=differ, loaded=have, request_id=self.request_id)
+
+
+async def _load_or_unload(p: Prepared, make_final) -> Response:
+    """An empty prompt / no messages: load the model (done_reason load), or with keep_alive 0 unload it."""
+    models = p.state.models
+    if p.keep_alive == 0:
+        await models.unload(p.record.name)
+        return JSONBody(make_final("unload"))
+    handle = await p.handle()
+    if p.keep_alive is not None:
+        handle.keep_alive = p.keep_alive
+        if handle.in_flight == 0:
+            models.residency.idle(handle)
+    return JSONBody(make_final("load"))
+
+
+# ---- generate -------------------------------------------------------------------------------------------
+async def generate(request: Request) -> Response:
+    p: Prepared | None = None
+    try:
+        req = _decode(await request.body(), GenerateRequest)
+        p = Prepared(request, req, API_GENERATE, "gen-")
+        check_generate(req)
+        schema = schema_of(req.format)
+        record = await p.resolve()
+        check_think(req.think, convert.capabilities(record), p.name)
+        if not req.prompt and not req.context:
+            return await _load_or_unload(p, lambda reason: enc.generate_final(p.name, reason, None))
+        e = p.engine()
+        handle = await p.handle()
+        p.note_loader(handle, e.loader)
+        prompt_tokens = await _generate_prompt(handle, req, record)
+    except _Rejected as exc:
+        return _rejected(request, API_GENERATE, exc.error, p)
+    except GatewayError as exc:
+        return _rejected(request, API_GENERATE, exc, p)
+    submit = Submit(
+        id=p.id, prompt_tokens=prompt_tokens, sampling=e.sampling, stop=e.stop, max_tokens=e.max_tokens,
+        json_schema=schema, ignore_eos=e.ignore_eos, want_tokens=not req.raw,
+    )  # fmt: skip
+    context_base = None if req.raw else prompt_tokens
+
+    def chunk(text: str, thinking: str, _calls: list[dict]) -> dict | None:
+        return enc.generate_chunk(p.name, text, thinking) if text or thinking else None
+
+    def final(done: Done, c: enc.Collected, streamed: bool) -> dict:
+        context = None if context_base is None else context_base + c.tokens
+        return enc.generate_final(
+            p.name, enc.done_reason(done), p.figures(done), response="" if streamed else c.text,
+            thinking="" if streamed else c.thinking, context=context,
+        )  # fmt: skip
+
+    return await _run(p, submit, req.stream, chunk, final)
+
+
+async def _generate_prompt(handle: Any, req: GenerateRequest, record: Any) -> list[int]:
+    """Token ids of the prompt: the earlier `context` ids, then this prompt (rendered by the chat template
+    unless raw). Returned in the final chunk's `context` with the reply's ids, so a next call continues it."""
+    if req.raw:
+        text, add_bos = req.prompt or "", not req.context
+    else:
+        rendered = await _call(handle, Call(id="", op="render", messages=generate_messages(req, record)))
+        text = rendered.text or ""
+        bos = handle.hello.bos_token
+        add_bos = not req.context and not (bos and text.startswith(bos))
+    tokens = (await _call(handle, Call(id="", op="tokenize", text=text, add_special=add_bos, parse_special=True))).tokens or []
+    context = list(req.context or [])
+    n_vocab = handle.hello.n_vocab
+    bad = [t for t in context if not 0 <= t < n_vocab]
+    if bad:
+        raise invalid(f"context holds token id {bad[0]}, outside the vocabulary (0..{n_vocab - 1})", "context")
+    return context + list(tokens)
+
+
+async def _call(handle: Any, call: Call) -> Any:
+    result = await handle.call(call)
+    if result.error is not None:
+        raise GatewayError.from_info(result.error)
+    return result
+
+
+# ---- chat -------------------------------------------------------------------------------------------------
+async def chat(request: Request) -> Response:
+    p: Prepared | None = None
+    try:
+        req = _decode(await request.body(), ChatRequest)
+        p = Prepared(request, req, API_CHAT, "chat-")
+        schema = schema_of(req.format)
+        tools = tools_of(req.tools)
+        record = await p.resolve()
+        caps = convert.capabilities(record)
+        check_think(req.think, caps, p.name)
+        if tools and "tools" not in caps:
+            raise invalid(f"\"{p.name}\" does not support tools", "tools")
+        messages = chat_messages(req, record)
+        if not req.messages:
+            return await _load_or_unload(p, lambda reason: enc.chat_final(p.name, reason, None))
+        e = p.engine()
+        handle = await p.handle()
+        p.note_loader(handle, e.loader)
+    except _Rejected as exc:
+        return _rejected(request, API_CHAT, exc.error, p)
+    except GatewayError as exc:
+        return _rejected(request, API_CHAT, exc, p)
+    submit = Submit(
+        id=p.id, messages=messages, tools=tools, sampling=e.sampling, stop=e.stop, max_tokens=e.max_tokens,
+        json_schema=schema, ignore_eos=e.ignore_eos,
+    )  # fmt: skip
+
+    def chunk(text: str, thinking: str, calls: list[dict]) -> dict | None:
+        if not (text or thinking or calls):
+            return None
+        return enc.chat_chunk(p.name, enc.message(text, thinking, calls))
+
+    def final(done: Done, c: enc.Collected, streamed: bool) -> dict:
+        msg = enc.message() if streamed else enc.message(c.text, c.thinking, c.tool_calls)
+        return enc.chat_final(p.name, enc.done_reason(done), p.figures(done), msg)
+
+    return await _run(p, submit, req.stream, chunk, final)
+
+
+# ---- running one request ----------------------------------------------------------------------------------
+def _rejected(request: Request, api: str, exc: GatewayError, p: Prepared | None) -> Response:
+    rid = p.request_id if p is not None else (client_request_id(request) or new_id("req-"))
+    record_rejected(request.app.state, api=api, request_id=rid, error=exc, model=p.name if p else None)
+    return _error(exc, p.name if p else None, rid)
+
+
+async def _run(p: Prepared, submit: Submit, stream: bool, chunk, final) -> Response:
+    residency = p.state.models.residency
+    residency.request_keep_alive(submit.id, p.keep_alive)
+    opening = Generation.open(p.state, api=p.api, model=p.name, submit=submit, stream_response=stream, request_id=p.request_id)
+    try:
+        gen = await until_disconnect(p.request, opening)
+    except GatewayError as exc:
+        residency.forget_request(submit.id)
+        return _error(exc, p.name, p.request_id)
+    except ClientDisconnected:
+        residency.forget_request(submit.id)
+        return Response(status_code=499)
+    headers = {"x-request-id": p.request_id}
+    if stream:
+        return EventStreamResponse(_ndjson(gen, chunk, final), on_close=gen.close, media_type=NDJSON, headers=headers)
+    try:
+        collected, done = await until_disconnect(p.request, _collect(gen))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except GatewayError as exc:
+        gen.close(exc)
+        return _error(exc, p.name, p.request_id)
+    finally:
+        gen.close()
+    if (info := done_error(done)) is not None:
+        return _error(GatewayError.from_info(info), p.name, p.request_id)
+    return JSONBody(final(done, collected, False), headers=headers)
+
+
+async def _collect(gen: Generation) -> tuple[enc.Collected, Done]:
+    mapper, c = PartMapper(), enc.Collected()
+    async for event in gen.events():
+        if isinstance(event, Delta):
+            text, thinking, _ = mapper.feed(event)
+            c.text += text
+            c.thinking += thinking
+            c.tokens.extend(event.tokens)
+        else:
+            c.tool_calls = mapper.tool_calls
+            return c, event
+    raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
+
+
+async def _ndjson(gen: Generation, chunk, final) -> AsyncIterator[bytes]:
+    mapper, c = PartMapper(), enc.Collected()
+    try:
+        async for event in gen.events():
+            if isinstance(event, Delta):
+                text, thinking, calls = mapper.feed(event)
+                c.tokens.extend(event.tokens)
+                obj = chunk(text, thinking, calls)
+                if obj is not None:
+                    yield enc.line(obj)
+            elif (info := done_error(event)) is not None:
+                yield enc.line({"error": info.message})
+            else:
+                yield enc.line(final(event, c, True))
+    finally:
+        gen.close()
+
+
+# ---- embeddings -------------------------------------------------------------------------------------------
+async def embed(request: Request) -> Response:
+    """POST /api/embed: input (a string or strings) -> embeddings (L2-normalised), truncated to fit by default."""
+    p: Prepared | None = None
+    try:
+        req = _decode(await request.body(), EmbedRequest)
+        p = Prepared(request, req, API_EMBED, "emb-")
+        texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        texts = [t for t in texts if t != ""] if isinstance(req.input, str) else texts
+        if req.dimensions is not None and req.dimensions <= 0:
+            raise invalid(f"dimensions must be positive, got {req.dimensions}", "dimensions")
+        await p.resolve()
+        if not texts:
+            if p.keep_alive == 0:
+                await p.state.models.unload(p.record.name)
+            else:
+                await p.handle()
+            return JSONBody({"model": p.name, "embeddings": []})
+        if any(t == "" for t in texts):
+            raise invalid("input must not contain empty strings", "input")
+        handle = await p.handle()
+        vectors, count = await _embed(handle, texts, truncate=req.truncate)
+        if req.dimensions is not None:
+            vectors = [_shorten(v, req.dimensions) for v in vectors]
+    except _Rejected as exc:
+        return _rejected(request, API_EMBED, exc.error, p)
+    except GatewayError as exc:
+        return _rejected(request, API_EMBED, exc, p)
+    _after_call(p, handle)
+    return JSONBody({
+        "model": p.name, "embeddings": vectors, "total_duration": p.total_ns(), "load_duration": p.load_ns,
+        "prompt_eval_count": count,
+    })  # fmt: skip
+
+
+async def embeddings(request: Request) -> Response:
+    """POST /api/embeddings (the older route): prompt -> embedding."""
+    p: Prepared | None = None
+    try:
+        req = _decode(await request.body(), EmbeddingsRequest)
+        p = Prepared(request, req, API_EMBED, "emb-")
+        await p.resolve()
+        if not req.prompt:
+            if p.keep_alive == 0:
+                await p.state.models.unload(p.record.name)
+            else:
+                await p.handle()
+            return JSONBody({"embedding": []})
+        handle = await p.handle()
+        vectors, _ = await _embed(handle, [req.prompt], truncate=True)
+    except _Rejected as exc:
+        return _rejected(request, API_EMBED, exc.error, p)
+    except GatewayError as exc:
+        return _rejected(request, API_EMBED, exc, p)
+    _after_call(p, handle)
+    return JSONBody({"embedding": vectors[0]})
+
+
+async def _embed(handle: Any, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
+    result = await handle.call(Call(id="", op="embed", texts=texts))
+    if result.error is not None and result.error.code == ErrorCode.CONTEXT_LENGTH and truncate:
+        limit = max(1, handle.hello.n_ctx - 2)  # room for BOS / EOS
+        cut = []
+        for text in texts:
+            toks = (await _call(handle, Call(id="", op="tokenize", text=text, add_special=False, parse_special=False))).tokens or []
+            if len(toks) > limit:
+                text = (await _call(handle, Call(id="", op="detokenize", tokens=toks[:limit]))).text or ""
+            cut.append(text)
+        result = await handle.call(Call(id="", op="embed", texts=cut))
+    if result.error is not None:
+        raise GatewayError.from_info(result.error)
+    return result.embeddings or [], result.count or 0
+
+
+def _shorten(vec: list[float], n: int) -> list[float]:
+    """Matryoshka-style: the first n dimensions, renormalised (what Ollama does with `dimensions`)."""
+    head = vec[:n]
+    norm = math.sqrt(sum(x * x for x in head)) or 1.0
+    return [x / norm for x in head]
+
+
+def _after_call(p: Prepared, handle: Any) -> None:
+    """A call (no Submit) used the model: its keep_alive applies from now, as a finished request's would."""
+    if p.keep_alive is None:
+        return
+    residency = p.state.models.residency
+    residency.request_keep_alive(p.id, p.keep_alive)
+    if handle.in_flight == 0:
+        residency.released(handle, p.id)
+    else:
+        handle.keep_alive = p.keep_alive
+        residency.forget_request(p.id)
+
+
+# keep the message type importable for tests that build requests by hand
+__all__ = ["generate", "chat", "embed", "embeddings", "ChatMessage"]

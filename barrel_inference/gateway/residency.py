@@ -1,0 +1,156 @@
+"""Which models stay loaded: keep_alive expiry and a budget of loaded models, as Ollama's scheduler does.
+
+Each request may carry a keep_alive (seconds; 0 = unload once idle; inf = never unload). When a model's
+last running request ends, its worker is kept for the keep_alive of the request that ended last (Ollama's
+rule), then stopped if it is still idle. A model is never stopped while it has requests.
+
+Before a new worker starts, the budget is checked: at most `max_loaded_models` workers (0 = no limit) and
+at most `max_loaded_bytes` of model files loaded together (0 = no limit; the GGUF size is the estimate of
+what a model holds in RAM / VRAM). The least recently used idle model is stopped to make room; when every
+loaded model is busy the new one is refused with a retryable 503 rather than breaking running streams.
+
+Workers that run elsewhere (a configured endpoint) are only connected to: they never expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import GatewayError
+from .keepalive import FOREVER, format_keep_alive, parse_keep_alive
+from ..protocol import ErrorCode
+
+if TYPE_CHECKING:
+    from .workers import ModelManager, WorkerHandle
+
+# a model handed out by `get` is kept at least this long for the request that asked for it to submit
+CLAIM_GRACE_S = 30.0
+
+
+class Residency:
+    def __init__(self, manager: "ModelManager", settings: Any, logger: Any) -> None:
+        self.manager = manager
+        self.log = logger
+        self.default_keep_alive = parse_keep_alive(getattr(settings, "keep_alive", "5m"), 300.0)
+        self.max_models = int(getattr(settings, "max_loaded_models", 0) or 0)
+        self.max_bytes = int(getattr(settings, "max_loaded_bytes", 0) or 0)
+        self._pending: dict[str, float] = {}  # request id -> keep_alive, until its Done
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    # ---- per request ----------------------------------------------------------------
+    def request_keep_alive(self, request_id: str, seconds: float | None) -> None:
+        """Say how long the model should stay loaded after the request `request_id` (None: the default)."""
+        if seconds is not None:
+            self._pending[request_id] = seconds
+
+    def forget_request(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def claimed(self, handle: "WorkerHandle") -> None:
+        """`get` handed the model to a request: keep it loaded until that request can submit."""
+        handle.last_used = time.time()
+        if handle.in_flight == 0 and handle.expires_at is not None:
+            grace = max(CLAIM_GRACE_S, handle.keep_alive if handle.keep_alive != FOREVER else 0.0)
+            handle.expires_at = max(handle.expires_at, time.time() + grace)
+            self._schedule(handle)
+
+    def released(self, handle: "WorkerHandle", request_id: str) -> None:
+        """A request of `handle` ended: the model's keep_alive becomes that request's."""
+        handle.keep_alive = self._pending.pop(request_id, self.default_keep_alive)
+        handle.last_used = time.time()
+        if handle.in_flight > 0:
+            return
+        self.idle(handle)
+
+    def idle(self, handle: "WorkerHandle") -> None:
+        """Start the expiry clock of an idle model."""
+        if handle.process is None:  # a worker elsewhere: nothing to free here
+            handle.expires_at = None
+            return
+        if handle.keep_alive == FOREVER:
+            handle.expires_at = None
+            self._cancel(handle.name)
+            return
+        handle.expires_at = time.time() + handle.keep_alive
+        self._schedule(handle)
+
+    def loaded(self, handle: "WorkerHandle") -> None:
+        """A worker is up; until a request ends it is kept for the default keep_alive."""
+        handle.keep_alive = self.default_keep_alive
+        handle.last_used = time.time()
+        self.idle(handle)
+
+    def unload_now(self, name: str) -> "asyncio.Task[bool]":
+        """Stop `name` as soon as it is idle (keep_alive 0 with nothing to run: Ollama's unload request)."""
+        return asyncio.ensure_future(self.manager.unload(name))
+
+    # ---- expiry ---------------------------------------------------------------------
+    def _schedule(self, handle: "WorkerHandle") -> None:
+        self._cancel(handle.name)
+        if handle.expires_at is None:
+            return
+        delay = max(0.0, handle.expires_at - time.time())
+        loop = asyncio.get_running_loop()
+        self._timers[handle.name] = loop.call_later(delay, self._expire, handle)
+
+    def _cancel(self, name: str) -> None:
+        timer = self._timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, handle: "WorkerHandle") -> None:
+        self._timers.pop(handle.name, None)
+        if handle.in_flight > 0 or handle.expires_at is None or not handle.alive:
+            return
+        if time.time() < handle.expires_at - 0.001:  # pushed back meanwhile
+            self._schedule(handle)
+            return
+        if self.manager.current(handle.name) is not handle:
+            return
+        self.log.info("model_expired", model=handle.name, keep_alive=format_keep_alive(handle.keep_alive))
+        self.manager.spawn_task(self.manager.unload(handle.name, only_if_idle=True))
+
+    def stopped(self, name: str) -> None:
+        self._cancel(name)
+
+    # ---- budget ---------------------------------------------------------------------
+    async def make_room(self, record: Any) -> None:
+        """Stop least recently used idle models until `record` fits the budget; 503 when nothing can go."""
+        if not self.max_models and not self.max_bytes:
+            return
+        need = int(getattr(record, "size", 0) or 0)
+        while True:
+            loaded = [h for h in self.manager.handles() if h.name != record.name]
+            count_ok = not self.max_models or len(loaded) < self.max_models
+            used = sum(int(getattr(h.record, "size", 0) or 0) for h in loaded)
+            bytes_ok = not self.max_bytes or not loaded or used + need <= self.max_bytes
+            if count_ok and bytes_ok:
+                return
+            idle = sorted((h for h in loaded if h.in_flight == 0), key=lambda h: h.last_used)
+            if not idle:
+                limit = f"max_loaded_models={self.max_models}" if not count_ok else f"max_loaded_bytes={self.max_bytes}"
+                raise GatewayError(
+                    ErrorCode.OVERLOADED,
+                    f"cannot load {record.name}: every loaded model is busy and the budget ({limit}) is full; retry later",
+                    retryable=True,
+                )
+            victim = idle[0]
+            self.log.info(
+                "model_evicted", model=victim.name, for_model=record.name, loaded=len(loaded),
+                max_loaded_models=self.max_models, max_loaded_bytes=self.max_bytes,
+            )  # fmt: skip
+            await self.manager.unload(victim.name, only_if_idle=True)
+
+    def aclose(self) -> None:
+        for name in list(self._timers):
+            self._cancel(name)
+
+
+def expires_at_unix(handle: Any) -> float:
+    """For /api/ps: when the model will be unloaded (inf while busy with no end known, or kept forever)."""
+    if handle.expires_at is None:
+        return math.inf
+    return handle.expires_at
