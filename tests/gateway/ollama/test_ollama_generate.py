@@ -1,0 +1,180 @@
+"""/api/generate, /api/chat, /api/embed, /api/embeddings against the scripted fake worker, through the
+official `ollama` client and raw HTTP (exact NDJSON field sets, as Ollama's API docs show them)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from barrel_inference.protocol import FinishReason
+
+ollama = pytest.importorskip("ollama")
+
+RFC3339_NANO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z$")
+FIGURES = {"total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"}
+# field sets of Ollama's documented responses (docs/api.md): stream chunks, final chunks, load / unload answers
+GENERATE_CHUNK = {"model", "created_at", "response", "done"}
+GENERATE_FINAL = GENERATE_CHUNK | {"done_reason", "context"} | FIGURES
+GENERATE_LOAD = GENERATE_CHUNK | {"done_reason"}
+CHAT_CHUNK = {"model", "created_at", "message", "done"}
+CHAT_FINAL = CHAT_CHUNK | {"done_reason"} | FIGURES
+
+
+@pytest.fixture
+def client(gateway):
+    return ollama.AsyncClient(host="http://gateway.test", transport=httpx.ASGITransport(app=gateway.app))
+
+
+def lines(resp: httpx.Response) -> list[dict]:
+    return [json.loads(x) for x in resp.text.splitlines() if x.strip()]
+
+
+async def test_generate_stream_ndjson_fields(gateway):
+    r = await gateway.client.post("/api/generate", json={"model": "fake", "prompt": "one two three"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    chunks = lines(r)
+    assert [c["response"] for c in chunks[:-1]] == ["one", " two", " three"]
+    for c in chunks[:-1]:
+        assert set(c) == GENERATE_CHUNK and c["done"] is False and c["model"] == "fake"
+        assert RFC3339_NANO.match(c["created_at"])
+    final = chunks[-1]
+    assert set(final) == GENERATE_FINAL and final["done"] is True and final["done_reason"] == "stop"
+    assert final["response"] == "" and final["eval_count"] == 3
+    assert final["prompt_eval_duration"] == 2_000_000 and final["eval_duration"] == 3_000_000  # ns from the worker's ms
+    assert final["prompt_eval_count"] == 1  # 3 prompt tokens, 2 reused by the (fake) cache: evaluated only
+    assert final["total_duration"] >= final["eval_duration"] and isinstance(final["load_duration"], int)
+
+
+async def test_generate_plain_and_context_continuation(client, fake_worker):
+    first = await client.generate(model="fake", prompt="hello there")
+    assert first.done and first.response == "hello there" and first.done_reason == "stop"
+    assert len(first.context) == 4  # the prompt's two ids and the reply's two
+    second = await client.generate(model="fake", prompt="again", context=first.context)
+    submit = fake_worker.submits[-1]
+    assert submit.prompt_tokens[: len(first.context)] == list(first.context)  # the earlier ids come first
+    assert second.response == "hello there hello there again"  # the fake echoes its whole prompt
+    assert second.context[: len(first.context)] == list(first.context)
+
+
+async def test_generate_format_and_options_reach_the_worker(client, fake_worker):
+    await client.generate(model="fake", prompt="a b c", format="json",
+                          options={"temperature": 0, "top_k": 3, "stop": ["x"], "num_predict": 2, "seed": 7})  # fmt: skip
+    s = fake_worker.submits[-1]
+    assert s.json_schema == {} and s.max_tokens == 2 and s.stop == ["x"]
+    assert (s.sampling.temperature, s.sampling.top_k, s.sampling.seed) == (0.0, 3, 7)
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    r = await client.generate(model="fake", prompt="a b c", format=schema, options={"num_predict": 1})
+    assert fake_worker.submits[-1].json_schema == schema and r.done_reason == "length"
+
+
+async def test_generate_raw_has_no_context(gateway):
+    r = await gateway.client.post("/api/generate", json={"model": "fake", "prompt": "x y", "raw": True, "stream": False})
+    body = r.json()
+    assert body["response"] == "x y" and "context" not in body and set(body) == GENERATE_FINAL - {"context"}
+
+
+async def test_load_and_unload_with_an_empty_prompt(gateway):
+    r = await gateway.client.post("/api/generate", json={"model": "fake"})
+    assert r.status_code == 200 and set(r.json()) == GENERATE_LOAD and r.json()["done_reason"] == "load"
+    assert [m.name for m in gateway.models.running()] == ["fake:latest"]
+    r = await gateway.client.post("/api/generate", json={"model": "fake", "keep_alive": 0})
+    assert r.json()["done_reason"] == "unload" and gateway.models.running() == []
+    r = await gateway.client.post("/api/chat", json={"model": "fake", "messages": []})
+    assert r.json()["done_reason"] == "load" and r.json()["message"] == {"role": "assistant", "content": ""}
+
+
+async def test_chat_stream_and_plain(client, gateway, fake_worker):
+    chunks = [c async for c in await client.chat(model="fake", messages=[{"role": "user", "content": "hi you"}], stream=True)]
+    assert "".join(c.message.content for c in chunks) == "hi you" and chunks[-1].done and chunks[-1].done_reason == "stop"
+    r = await gateway.client.post("/api/chat", json={"model": "fake", "messages": [{"role": "user", "content": "a b"}]})
+    raw = lines(r)
+    assert all(set(c) == CHAT_CHUNK for c in raw[:-1]) and set(raw[-1]) == CHAT_FINAL
+    assert raw[0]["message"] == {"role": "assistant", "content": "a"}
+    plain = await client.chat(model="fake", messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+        {"role": "tool", "content": "42", "tool_name": "f"}, {"role": "user", "content": "so"},
+    ])  # fmt: skip
+    assert plain.message.content == "so"
+    sent = fake_worker.submits[-1].messages
+    assert [m.role for m in sent] == ["system", "user", "assistant", "tool", "user"]
+    assert sent[2].tool_calls[0].name == "f" and json.loads(sent[2].tool_calls[0].arguments) == {"x": 1}
+    assert sent[3].name == "f"
+
+
+@pytest.mark.parametrize(
+    "path, body, status, words",
+    [
+        ("/api/generate", {"model": "fake", "prompt": "x", "options": {"temperature": "hot"}}, 400, "option 'temperature' must be a number"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "options": {"temprature": 1}}, 400, "did you mean 'temperature'"),
+        ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "x"}], "options": {"num_ctx": "big"}}, 400, "'num_ctx' must be an integer"),
+        ("/api/generate", {"model": "absent", "prompt": "x"}, 404, "model 'absent' not found, try pulling it first"),
+        ("/api/chat", {"model": "absent", "messages": [{"role": "user", "content": "x"}]}, 404, "try pulling it first"),
+        ("/api/embed", {"model": "absent", "input": "x"}, 404, "try pulling it first"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "images": ["aGk="]}, 400, "images are not supported"),
+        ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "images in messages are not supported"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "keep_alive": "5 minutes"}, 400, "invalid keep_alive"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "format": "yaml"}, 400, "format must be"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "think": True}, 400, "does not support thinking"),
+        ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "does not support tools"),
+        ("/api/generate", {"prompt": "x"}, 400, "'model' is required"),
+        ("/api/generate", {"model": "fake", "prompt": 3}, 400, "invalid request body"),
+        ("/api/chat", {"model": "fake", "messages": [{"role": "robot", "content": "x"}]}, 400, "role must be"),
+        ("/api/generate", {"model": "fake", "prompt": "TOOLONG"}, 400, "longer than the context"),
+        ("/api/embed", {"model": "fake", "input": ["a"], "dimensions": 0}, 400, "dimensions must be positive"),
+    ],
+)  # fmt: skip
+async def test_errors_in_ollamas_envelope(gateway, path, body, status, words):
+    r = await gateway.client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error"} and words in r.json()["error"]
+
+
+async def test_mistyped_option_through_the_client(client):
+    with pytest.raises(ollama.ResponseError) as e:
+        await client.generate(model="fake", prompt="x", options={"top_k": "many"})
+    assert e.value.status_code == 400 and "top_k" in e.value.error
+
+
+async def test_failure_mid_stream_ends_with_an_error_line(gateway):
+    r = await gateway.client.post("/api/generate", json={"model": "fake", "prompt": "a b CRASH"})
+    chunks = lines(r)
+    assert [c.get("response") for c in chunks[:2]] == ["a", " b"]
+    assert set(chunks[-1]) == {"error"} and chunks[-1]["error"]
+
+
+async def test_embed_and_embeddings(client, fake_worker):
+    r = await client.embed(model="fake", input=["a b", "c"])
+    assert r.embeddings == [[2.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]] and r.prompt_eval_count == 3
+    assert r.total_duration > 0 and r.model == "fake"
+    one = await client.embed(model="fake", input="a b", dimensions=2)
+    assert one.embeddings[0] == pytest.approx([2 / 5**0.5, 1 / 5**0.5])  # first 2 dimensions, renormalised
+    old = await client.embeddings(model="fake", prompt="a b")
+    assert old.embedding == [2.0, 1.0, 0.0, 0.0]
+    empty = await client.embed(model="fake", input=[])
+    assert empty.embeddings == []
+
+
+async def test_embed_truncates_by_default_and_refuses_when_asked_not_to(gateway, fake_worker):
+    fake_worker_words = "w " * 600
+    r = await gateway.client.post("/api/embed", json={"model": "fake", "input": fake_worker_words + "TOOLONG", "truncate": False})
+    assert r.status_code == 400 and "longer than the context" in r.json()["error"]
+    r = await gateway.client.post("/api/embed", json={"model": "fake", "input": fake_worker_words + "TOOLONG"})
+    assert r.status_code == 200 and r.json()["embeddings"][0][0] == 510.0  # cut to n_ctx - 2 tokens
+    assert any(c.op == "detokenize" for c in fake_worker.calls)
+
+
+async def test_generate_stop_reason_length(client):
+    r = await client.generate(model="fake", prompt="a b c d", options={"num_predict": 2})
+    assert r.done_reason == "length" and r.response == "a b" and r.eval_count == 2
+
+
+def test_finish_reason_values():
+    from barrel_inference.gateway.ollama.stream import done_reason
+    from barrel_inference.protocol import Done
+
+    assert done_reason(Done(id="x", finish_reason=FinishReason.LENGTH)) == "length"
+    assert done_reason(Done(id="x", finish_reason=FinishReason.STOP)) == "stop"
