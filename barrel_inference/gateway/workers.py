@@ -28,8 +28,9 @@ from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
 from .logging import make_logger
-from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
+from .process import WorkerProcess, default_command, ipc_endpoint, worker_argv
 from .residency import Residency
+from .variants import is_variant, variant_options, with_overrides
 
 UNLOAD_DRAIN_S = 2.0
 
@@ -169,18 +170,26 @@ class ModelManager:
             raise GatewayError(ErrorCode.INVALID_REQUEST, message, param="model") from exc
         return record
 
-    async def get(self, name: str) -> WorkerHandle:
+    async def get(self, name: str, overrides: dict | None = None) -> WorkerHandle:
+        """The model's worker; with engine `overrides` (n_ctx, ...) that differ from its own, a second worker
+        of that model with them (gateway/variants.py), which `get(handle.name)` then finds by its name."""
         if self._closed:
             raise worker_unavailable("the gateway is shutting down")
-        record = await self.resolve(name)
+        handle = self._handles.get(name)
+        if handle is not None and handle.alive and is_variant(handle.record):
+            self.residency.claimed(handle)
+            return handle
+        record = with_overrides(self.settings, await self.resolve(name), overrides)
         handle = self._handles.get(record.name)
-        if handle is None or not handle.alive:
-            task = self._starting.get(record.name)
-            if task is None:
-                task = asyncio.create_task(self._start(record), name=f"start-{record.name}")
-                self._starting[record.name] = task
-                task.add_done_callback(lambda t, key=record.name: self._starting.pop(key, None))
-            handle = await asyncio.shield(task)
+        if handle is not None and handle.alive:
+            self.residency.claimed(handle)
+            return handle
+        task = self._starting.get(record.name)
+        if task is None:
+            task = asyncio.create_task(self._start(record), name=f"start-{record.name}")
+            self._starting[record.name] = task
+            task.add_done_callback(lambda t, key=record.name: self._starting.pop(key, None))
+        handle = await asyncio.shield(task)
         self.residency.claimed(handle)
         return handle
 
@@ -195,7 +204,7 @@ class ModelManager:
 
     # ---- start ------------------------------------------------------------------------
     async def _start(self, record: Any) -> WorkerHandle:
-        opts = engine_options(self.settings, record)
+        opts = variant_options(self.settings, record)
         timeout = self.settings.worker_start_timeout
         if opts.endpoint:
             link = WorkerLink(

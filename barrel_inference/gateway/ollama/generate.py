@@ -79,19 +79,22 @@ class Prepared:
         self.options = opts.validate(getattr(req, "options", None))
         self.record: Any = None
         self.load_ns = 0
+        self.worker = ""  # the worker's name: the model's, or a variant's with the asked engine settings
 
     async def resolve(self) -> Any:
         self.record = await self.state.models.resolve(self.name)
         return self.record
 
-    async def handle(self) -> Any:
-        """The model's worker (started if needed); load_duration is the time a start took."""
+    async def handle(self, loader: dict | None = None) -> Any:
+        """The model's worker (started if needed), or one with the loader options asked for when the model's
+        cannot serve them (gateway/variants.py); load_duration is the time a start took."""
         models = self.state.models
-        running = models.current(self.record.name)
+        before = {h.name for h in models.handles()}
         t = time.monotonic_ns()
-        handle = await models.get(self.name)
-        if running is None or running is not handle:
+        handle = await models.get(self.name, overrides=loader) if loader else await models.get(self.name)
+        if handle.name not in before:
             self.load_ns = time.monotonic_ns() - t
+        self.worker = handle.name
         return handle
 
     def engine(self) -> opts.Options:
@@ -102,14 +105,6 @@ class Prepared:
 
     def figures(self, done: Done) -> enc.Figures:
         return enc.Figures.of(done, total_ns=self.total_ns(), load_ns=self.load_ns)
-
-    def note_loader(self, handle: Any, loader: dict) -> None:
-        """Loader options this worker was not started with are logged: the request runs on the loaded worker."""
-        hello = handle.hello
-        have = {"n_ctx": hello.n_ctx}
-        differ = {k: v for k, v in loader.items() if k in have and have[k] != v}
-        if differ:
-            self.state.log.info("loader_options_differ", model=handle.name, asked=differ, loaded=have, request_id=self.request_id)
 
 
 async def _load_or_unload(p: Prepared, make_final) -> Response:
@@ -139,8 +134,7 @@ async def generate(request: Request) -> Response:
         if not req.prompt and not req.context:
             return await _load_or_unload(p, lambda reason: enc.generate_final(p.name, reason, None))
         e = p.engine()
-        handle = await p.handle()
-        p.note_loader(handle, e.loader)
+        handle = await p.handle(e.loader)
         prompt_tokens = await _generate_prompt(handle, req, record)
     except _Rejected as exc:
         return _rejected(request, API_GENERATE, exc.error, p)
@@ -208,8 +202,7 @@ async def chat(request: Request) -> Response:
         if not req.messages:
             return await _load_or_unload(p, lambda reason: enc.chat_final(p.name, reason, None))
         e = p.engine()
-        handle = await p.handle()
-        p.note_loader(handle, e.loader)
+        await p.handle(e.loader)
     except _Rejected as exc:
         return _rejected(request, API_CHAT, exc.error, p)
     except GatewayError as exc:
@@ -241,7 +234,7 @@ def _rejected(request: Request, api: str, exc: GatewayError, p: Prepared | None)
 async def _run(p: Prepared, submit: Submit, stream: bool, chunk, final) -> Response:
     residency = p.state.models.residency
     residency.request_keep_alive(submit.id, p.keep_alive)
-    opening = Generation.open(p.state, api=p.api, model=p.name, submit=submit, stream_response=stream, request_id=p.request_id)
+    opening = Generation.open(p.state, api=p.api, model=p.worker, submit=submit, stream_response=stream, request_id=p.request_id)
     try:
         gen = await until_disconnect(p.request, opening)
     except GatewayError as exc:
