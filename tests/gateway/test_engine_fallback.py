@@ -146,3 +146,24 @@ async def test_crash_in_both_profiles_fails_clearly_with_backoff(short_tmp, monk
         assert [b["failures"] for b in backoff] == [1, 2] and backoff[1]["backoff_s"] == 2.0
     finally:
         await m.aclose()
+
+
+async def test_crash_while_serving_with_extra_buffers_makes_the_next_start_safe(short_tmp):
+    import signal
+
+    m, logs = manager(short_tmp)
+    try:
+        h = await m.get(MODEL)
+        assert h.info().engine_profile == "default" and h.info().extra_buffers is True
+        os.kill(h.process.pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 10
+        while not logs.events("engine_fallback") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        (fallback,) = logs.events("engine_fallback")
+        assert fallback["signal"] == "SIGSEGV" and "while serving" in fallback["reason"]
+        h2 = await m.get(MODEL)
+        assert h2 is not h and h2.info().engine_profile == "safe"
+        text, done = await one_request(h2)
+        assert done.finish_reason == FinishReason.LENGTH and text
+    finally:
+        await m.aclose()

@@ -59,3 +59,24 @@ def test_crash_in_both_profiles_is_a_clear_503_with_backoff(tiny_gguf, tmp_path)
         assert 1 <= int(again.headers["retry-after"]) <= 30
         assert len(d.events("worker_started")) == 2  # no tight restart loop
         assert httpx.get(d.url + "/health", timeout=5).status_code == 200  # the gateway stays up
+
+
+@pytest.mark.gemma
+def test_gemma_with_extra_buffers_forced_on_is_served_on_this_cpu(gemma_gguf, tmp_path):
+    """No injected fault: llama.cpp itself. On a CPU with AMX its AMX layouts crash on Gemma 3's
+    Q4_K_M weights and the fallback must serve; elsewhere the default profile serves directly."""
+    from barrel_inference.hostinfo import has_amx
+
+    d = Daemon(tmp_path, {"gemma": gemma_gguf}, n_seq_max=2, threads=2, defaults='extra_buffers = "on"')
+    with d:
+        r = httpx.post(d.url + "/v1/completions", json={"model": "gemma", "prompt": "The sea is", "max_tokens": 8,
+                                                         "temperature": 0}, timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 8
+        engine = httpx.get(d.url + "/api/ps", timeout=10).json()["models"][0]["engine"]
+        if has_amx():
+            (fallback,) = d.events("engine_fallback")
+            assert fallback["signal"] in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT")
+            assert engine["profile"] == "safe" and "AMX" not in engine["weight_buffers"]
+        else:
+            assert d.events("engine_fallback") == [] and engine["profile"] == "default"
