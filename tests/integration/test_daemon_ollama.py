@@ -115,3 +115,18 @@ async def test_keep_alive_zero_unloads_and_expiry_stops_the_worker(client, daemo
     assert second < first
     await wait_for(lambda: daemon.children() == [], timeout=15)
     assert (await client.ps()).models == []
+
+
+async def test_pull_from_a_local_registry_then_generate(tiny_gguf, tmp_path):
+    from tests.registry.registry_fakes import FakeOllama, FileHost
+
+    async with FileHost() as cdn, FakeOllama(cdn) as reg:
+        reg.add_model("library/tiny:pulled", tiny_gguf.read_bytes(), params={"num_predict": 3, "temperature": 0})
+        d = Daemon(tmp_path, {}, n_seq_max=1, n_ctx=512, threads=1, extra=f'ollama_registry = "{reg.url}"')
+        with d:
+            c = ollama.AsyncClient(host=d.url, timeout=60)
+            progress = [p async for p in await c.pull("tiny:pulled", stream=True)]
+            assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
+            assert [m.model for m in (await c.list()).models] == ["tiny:pulled"]
+            r = await c.generate(model="tiny:pulled", prompt="hi")
+            assert r.done and r.eval_count <= 3  # the registry's params layer applies

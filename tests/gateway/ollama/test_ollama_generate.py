@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -178,3 +179,43 @@ def test_finish_reason_values():
 
     assert done_reason(Done(id="x", finish_reason=FinishReason.LENGTH)) == "length"
     assert done_reason(Done(id="x", finish_reason=FinishReason.STOP)) == "stop"
+
+
+# ---- golden: the field sets and key order of Ollama's documented responses (docs/api.md examples) -----------
+GOLDEN = {
+    json.loads(x)["case"]: json.loads(x)["body"]
+    for x in (Path(__file__).parent / "golden" / "ollama_api_docs.ndjson").read_text().splitlines()
+    if x.strip()
+}
+
+
+def same_shape(ours: dict, theirs: dict) -> None:
+    assert list(ours) == list(theirs), (list(ours), list(theirs))  # the same fields, in the same order
+    for key, value in theirs.items():
+        assert type(ours[key]) is type(value) or (isinstance(value, (int, float)) and isinstance(ours[key], (int, float))), key
+        if isinstance(value, dict) and key == "message":
+            assert list(ours[key])[:2] == ["role", "content"]
+
+
+async def test_golden_generate_stream_and_raw(gateway):
+    chunks = lines(await gateway.client.post("/api/generate", json={"model": "fake", "prompt": "one two"}))
+    same_shape(chunks[0], GOLDEN["generate_chunk"])
+    same_shape(chunks[-1], GOLDEN["generate_final"])
+    raw = (await gateway.client.post("/api/generate", json={"model": "fake", "prompt": "x", "raw": True, "stream": False})).json()
+    same_shape(raw, GOLDEN["generate_raw_final"])
+    same_shape((await gateway.client.post("/api/generate", json={"model": "fake"})).json(), GOLDEN["generate_load"])
+    same_shape((await gateway.client.post("/api/generate", json={"model": "fake", "keep_alive": 0})).json(), GOLDEN["generate_unload"])
+
+
+async def test_golden_chat(gateway):
+    chunks = lines(await gateway.client.post("/api/chat", json={"model": "fake", "messages": [{"role": "user", "content": "a b"}]}))
+    same_shape(chunks[0], GOLDEN["chat_chunk"])
+    same_shape(chunks[-1], GOLDEN["chat_final"])
+    same_shape((await gateway.client.post("/api/chat", json={"model": "fake", "messages": []})).json(), GOLDEN["chat_load"])
+    unload = await gateway.client.post("/api/chat", json={"model": "fake", "messages": [], "keep_alive": 0})
+    same_shape(unload.json(), GOLDEN["chat_unload"])
+
+
+async def test_golden_embed(gateway):
+    same_shape((await gateway.client.post("/api/embed", json={"model": "fake", "input": "a"})).json(), GOLDEN["embed"])
+    same_shape((await gateway.client.post("/api/embeddings", json={"model": "fake", "prompt": "a"})).json(), GOLDEN["embeddings"])
