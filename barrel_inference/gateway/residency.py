@@ -83,9 +83,13 @@ class Residency:
         handle.last_used = time.time()
         self.idle(handle)
 
-    def unload_now(self, name: str) -> "asyncio.Task[bool]":
-        """Stop `name` as soon as it is idle (keep_alive 0 with nothing to run: Ollama's unload request)."""
-        return asyncio.ensure_future(self.manager.unload(name))
+    async def unload_all(self, name: str) -> bool:
+        """Stop the model `name` (registry name) and every worker of it started with other engine settings."""
+        names = [h.name for h in self.manager.handles() if getattr(getattr(h.record, "base", None), "name", None) == name]
+        stopped = await self.manager.unload(name)
+        for other in names:
+            stopped = await self.manager.unload(other) or stopped
+        return stopped
 
     # ---- expiry ---------------------------------------------------------------------
     def _schedule(self, handle: "WorkerHandle") -> None:

@@ -160,8 +160,9 @@ async def delete(request: Request) -> Response:
         raise RegistryError("model_not_found", f"model '{name}' not found")
     canonical = registry.canonical(name)
     models = getattr(request.app.state, "models", None)
-    if models is not None and any(m.name == canonical for m in models.running()):
-        await models.unload(canonical)  # a model being deleted stops serving first
+    if models is not None and any(m.name == canonical or m.name.startswith(canonical + " (") for m in models.running()):
+        residency = getattr(models, "residency", None)  # a model being deleted stops serving first (all its workers)
+        await (residency.unload_all(canonical) if residency is not None else models.unload(canonical))
     await asyncio.to_thread(registry.delete, canonical)
     return Response(status_code=200)
 

@@ -70,6 +70,9 @@ async def test_num_ctx_gets_its_own_worker_without_breaking_running_streams(gw):
     base.link.abort(base.link.in_flight())
     body = (await running).text.splitlines()
     assert json.loads(body[0])["response"] == "a"
+    # unloading the model (keep_alive 0, empty prompt) stops its workers with other settings too
+    r = await client.post("/api/generate", json={"model": "m", "keep_alive": 0})
+    assert r.json()["done_reason"] == "unload" and models.handles() == []
 
 
 def test_needed_overrides():
