@@ -42,6 +42,8 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
+    keep_alive: str | int | float | None = None
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:

@@ -34,11 +34,25 @@ class Residency:
     def __init__(self, manager: "ModelManager", settings: Any, logger: Any) -> None:
         self.manager = manager
         self.log = logger
+        self.settings = settings
         self.default_keep_alive = parse_keep_alive(getattr(settings, "keep_alive", "5m"), 300.0)
         self.max_models = int(getattr(settings, "max_loaded_models", 0) or 0)
         self.max_bytes = int(getattr(settings, "max_loaded_bytes", 0) or 0)
+        for where, ms in [("defaults", getattr(settings, "defaults", None)), *getattr(settings, "models", {}).items()]:
+            if ms is not None and getattr(ms, "keep_alive", None) is not None:
+                try:
+                    parse_keep_alive(ms.keep_alive, 0.0)
+                except ValueError as exc:
+                    raise ValueError(f"invalid keep_alive for {where}: {exc}") from None
         self._pending: dict[str, float] = {}  # request id -> keep_alive, until its Done
         self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def default_for(self, handle: "WorkerHandle") -> float:
+        """The keep_alive of a request that did not say: the model's configured one, else the top-level one."""
+        base = getattr(handle.record, "base", handle.record)
+        model_settings = getattr(self.settings, "model_settings", None)
+        value = model_settings(base.name).keep_alive if model_settings is not None else None
+        return self.default_keep_alive if value is None else parse_keep_alive(value, self.default_keep_alive)
 
     # ---- per request ----------------------------------------------------------------
     def request_keep_alive(self, request_id: str, seconds: float | None) -> None:
@@ -59,7 +73,9 @@ class Residency:
 
     def released(self, handle: "WorkerHandle", request_id: str) -> None:
         """A request of `handle` ended: the model's keep_alive becomes that request's."""
-        handle.keep_alive = self._pending.pop(request_id, self.default_keep_alive)
+        handle.keep_alive = self._pending.pop(request_id, None)
+        if handle.keep_alive is None:
+            handle.keep_alive = self.default_for(handle)
         handle.last_used = time.time()
         if handle.in_flight > 0:
             return
@@ -79,7 +95,7 @@ class Residency:
 
     def loaded(self, handle: "WorkerHandle") -> None:
         """A worker is up; until a request ends it is kept for the default keep_alive."""
-        handle.keep_alive = self.default_keep_alive
+        handle.keep_alive = self.default_for(handle)
         handle.last_used = time.time()
         self.idle(handle)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from barrel_inference.config import ModelSettings
 from barrel_inference.gateway.errors import GatewayError
 from barrel_inference.gateway.ollama.convert import ps_item
 from barrel_inference.gateway.workers import ModelManager
@@ -171,3 +172,19 @@ async def test_max_loaded_bytes(short_tmp):
         assert [i.name for i in m.running()] == ["b:latest"]
     finally:
         await m.aclose()
+
+
+async def test_configured_keep_alive_applies_to_requests_that_do_not_say(short_tmp):
+    m, _ = manager(short_tmp, defaults=ModelSettings(keep_alive="400ms"))
+    try:
+        await run(m, "a", "r1", "x")  # as an OpenAI request: no keep_alive of its own
+        proc = m.current("a:latest").process
+        assert m.running()[0].expires_at == pytest.approx(time.time() + 0.4, abs=0.3)
+        await wait_for(lambda: proc.returncode is not None)
+    finally:
+        await m.aclose()
+
+
+def test_invalid_configured_keep_alive_fails_at_start(short_tmp):
+    with pytest.raises(ValueError, match="invalid keep_alive for defaults"):
+        manager(short_tmp, defaults=ModelSettings(keep_alive="soon"))
