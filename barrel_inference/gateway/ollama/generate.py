@@ -15,12 +15,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...protocol import Call, ChatMessage, Delta, Done, ErrorCode, Submit
+from ...protocol import ChatMessage, Delta, Done, ErrorCode, Submit
 from ..errors import GatewayError, invalid
 from ..generation import Generation, record_rejected
 from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 from ..keepalive import KeepAliveError, parse_keep_alive
-from . import convert, options as opts, stream as enc
+from . import calls, convert, options as opts, stream as enc
 from .convert_gen import (
     PartMapper, chat_messages, check_generate, check_think, done_error, error_message, error_status,
     generate_messages, schema_of, tools_of,
@@ -165,24 +165,16 @@ async def _generate_prompt(handle: Any, req: GenerateRequest, record: Any) -> li
     if req.raw:
         text, add_bos = req.prompt or "", not req.context
     else:
-        rendered = await _call(handle, Call(id="", op="render", messages=generate_messages(req, record)))
-        text = rendered.text or ""
+        text = await calls.render(handle, generate_messages(req, record))
         bos = handle.hello.bos_token
         add_bos = not req.context and not (bos and text.startswith(bos))
-    tokens = (await _call(handle, Call(id="", op="tokenize", text=text, add_special=add_bos, parse_special=True))).tokens or []
+    tokens = await calls.tokenize(handle, text, add_special=add_bos, parse_special=True)
     context = list(req.context or [])
     n_vocab = handle.hello.n_vocab
     bad = [t for t in context if not 0 <= t < n_vocab]
     if bad:
         raise invalid(f"context holds token id {bad[0]}, outside the vocabulary (0..{n_vocab - 1})", "context")
     return context + list(tokens)
-
-
-async def _call(handle: Any, call: Call) -> Any:
-    result = await handle.call(call)
-    if result.error is not None:
-        raise GatewayError.from_info(result.error)
-    return result
 
 
 # ---- chat -------------------------------------------------------------------------------------------------
@@ -351,19 +343,19 @@ async def embeddings(request: Request) -> Response:
 
 
 async def _embed(handle: Any, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
-    result = await handle.call(Call(id="", op="embed", texts=texts))
-    if result.error is not None and result.error.code == ErrorCode.CONTEXT_LENGTH and truncate:
+    vectors, count, error = await calls.embed(handle, texts)
+    if error is not None and error.code == ErrorCode.CONTEXT_LENGTH and truncate:
         limit = max(1, handle.hello.n_ctx - 2)  # room for BOS / EOS
         cut = []
         for text in texts:
-            toks = (await _call(handle, Call(id="", op="tokenize", text=text, add_special=False, parse_special=False))).tokens or []
+            toks = await calls.tokenize(handle, text, add_special=False, parse_special=False)
             if len(toks) > limit:
-                text = (await _call(handle, Call(id="", op="detokenize", tokens=toks[:limit]))).text or ""
+                text = await calls.detokenize(handle, toks[:limit])
             cut.append(text)
-        result = await handle.call(Call(id="", op="embed", texts=cut))
-    if result.error is not None:
-        raise GatewayError.from_info(result.error)
-    return result.embeddings or [], result.count or 0
+        vectors, count, error = await calls.embed(handle, cut)
+    if error is not None:
+        raise GatewayError.from_info(error)
+    return vectors or [], count
 
 
 def _shorten(vec: list[float], n: int) -> list[float]:
