@@ -56,6 +56,23 @@ def check_think(think: bool | str | None, capabilities: list[str], model: str) -
         raise invalid(f"\"{model}\" does not support thinking", "think")
 
 
+def think_switches(think: bool | str | None) -> dict:
+    """`think` as the chat template's own switches: enable_thinking, and reasoning_effort for a level."""
+    if think is None:
+        return {}
+    if isinstance(think, str):
+        return {"enable_thinking": True, "reasoning_effort": think}
+    return {"enable_thinking": bool(think)}
+
+
+def with_think(submit: Any, think: bool | str | None) -> Any:
+    """Hand `think` to the worker where the link carries template switches (Submit.template_kwargs)."""
+    switches = think_switches(think)
+    if switches and "template_kwargs" in getattr(type(submit), "__struct_fields__", ()):
+        submit.template_kwargs = {**(submit.template_kwargs or {}), **switches}
+    return submit
+
+
 def _arguments_text(args: dict | str, where: str) -> str:
     if isinstance(args, str):
         try:

@@ -23,7 +23,7 @@ from ..keepalive import KeepAliveError, parse_keep_alive
 from . import calls, convert, options as opts, stream as enc
 from .convert_gen import (
     PartMapper, chat_messages, check_generate, check_think, done_error, error_message, error_status,
-    generate_messages, schema_of, tools_of,
+    generate_messages, schema_of, tools_of, with_think,
 )  # fmt: skip
 from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -144,6 +144,7 @@ async def generate(request: Request) -> Response:
         id=p.id, prompt_tokens=prompt_tokens, sampling=e.sampling, stop=e.stop, max_tokens=e.max_tokens,
         json_schema=schema, ignore_eos=e.ignore_eos, want_tokens=not req.raw,
     )  # fmt: skip
+    with_think(submit, req.think)
     context_base = None if req.raw else prompt_tokens
 
     def chunk(text: str, thinking: str, _calls: list[dict]) -> dict | None:
@@ -203,6 +204,7 @@ async def chat(request: Request) -> Response:
         id=p.id, messages=messages, tools=tools, sampling=e.sampling, stop=e.stop, max_tokens=e.max_tokens,
         json_schema=schema, ignore_eos=e.ignore_eos,
     )  # fmt: skip
+    with_think(submit, req.think)
 
     def chunk(text: str, thinking: str, calls: list[dict]) -> dict | None:
         if not (text or thinking or calls):

@@ -99,3 +99,12 @@ def test_modelfile_errors_name_the_line(text, words):
     with pytest.raises(ModelfileError) as e:
         parse(text)
     assert words in str(e.value)
+
+
+def test_think_as_template_switches():
+    from barrel_inference.gateway.ollama.convert_gen import think_switches
+
+    assert think_switches(None) == {}
+    assert think_switches(True) == {"enable_thinking": True}
+    assert think_switches(False) == {"enable_thinking": False}
+    assert think_switches("high") == {"enable_thinking": True, "reasoning_effort": "high"}
