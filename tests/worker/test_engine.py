@@ -80,3 +80,13 @@ def test_extra_buffers_off_keeps_weights_out_of_repacked_layouts(tiny_gguf):
         assert not any(b.endswith("_REPACK") or b == "AMX" for b in e.weight_buffers())
     finally:
         e.close()
+
+
+def test_typical_p_joins_the_chain(engine):
+    plain = engine.make_sampler(Sampling(temperature=0.7, seed=1))
+    typical = engine.make_sampler(Sampling(temperature=0.7, seed=1, typical_p=0.5))
+    assert L.llama_sampler_chain_n(typical.chain) == L.llama_sampler_chain_n(plain.chain) + 1
+    names = [L.llama_sampler_name(L.llama_sampler_chain_get(typical.chain, i)) for i in range(L.llama_sampler_chain_n(typical.chain))]
+    assert b"typical" in names
+    plain.free()
+    typical.free()
