@@ -18,7 +18,9 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    state.metrics.refresh((h.name, h.waiting) for h in state.models.handles())
+    admission = getattr(state, "admission", None)
+    if admission is not None:
+        state.metrics.refresh(admission.depths().items())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 

@@ -124,10 +124,7 @@ async def read_body(request: Request, limit: int | None = None) -> bytes:
 
 
 def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        ErrorCode.REQUEST_TOO_LARGE,
-        f"the request body is larger than max_request_body_bytes ({limit} bytes)",
-    )
+    return GatewayError(ErrorCode.REQUEST_TOO_LARGE, f"the request body is larger than max_request_body_bytes ({limit} bytes)")
 
 
 def endpoint(adapter: Adapter) -> Callable:
@@ -180,6 +177,27 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     if (info := done_error(result.done)) is not None:
         return family.error_response(info, headers=headers)
     return JSONBody(adapter.response(req, ctx, result), headers=headers)
+
+
+async def admitted_call(request: Request, model: str, call: Any, *, timeout: float = 30.0) -> Any:
+    """A helper call (Embed, Tokenize...) that holds one of the model's admission slots while it runs:
+    it waits in the model's queue like a generation, and is dropped (and aborted on the worker) if the
+    client leaves. Raises GatewayError, ClientDisconnected."""
+    state = request.app.state
+
+    async def run() -> Any:
+        handle = await state.models.get(model)
+        admission = getattr(state, "admission", None)
+        slot = await admission.acquire(handle.name, handle.hello.n_seq_max) if admission is not None else None
+        try:
+            if not handle.alive:
+                handle = await state.models.get(model)
+            return await handle.call(call, timeout)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    return await until_disconnect(request, run())
 
 
 async def _stream_body(gen: Generation, enc: StreamEncoder):
