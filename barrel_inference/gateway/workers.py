@@ -30,7 +30,7 @@ import msgspec
 import zmq.asyncio
 
 from ..config import Settings
-from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
+from ..protocol import ErrorCode, HelperCall, Hello, Submit
 from .collector import RequestStream
 from .errors import GatewayError, WorkerCrashed, worker_unavailable
 from .fallbacks import FallbackStore
@@ -115,7 +115,7 @@ class WorkerHandle:
         if self.on_release is not None:
             self.on_release(self, done.id)
 
-    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+    async def call(self, call: HelperCall, timeout: float = 30.0) -> Any:
         return await self.link.call(call, timeout)
 
     def info(self) -> RunningModel:
