@@ -59,6 +59,8 @@ class Residency:
         """Say how long the model should stay loaded after the request `request_id` (None: the default)."""
         if seconds is not None:
             self._pending[request_id] = seconds
+            while len(self._pending) > 10_000:  # requests that never reached a worker leave theirs behind
+                self._pending.pop(next(iter(self._pending)))
 
     def forget_request(self, request_id: str) -> None:
         self._pending.pop(request_id, None)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...protocol import Call, ChatMessage
+from starlette.requests import Request
+
+from ...protocol import ChatMessage, Detokenize, Embed, Render, Tokenize
 from ..errors import GatewayError
+from ..lifecycle import admitted_call
 
 
-async def _call(handle: Any, call: Call) -> Any:
+async def _call(handle: Any, call: Any) -> Any:
     result = await handle.call(call)
     if result.error is not None:
         raise GatewayError.from_info(result.error)
@@ -16,19 +19,19 @@ async def _call(handle: Any, call: Call) -> Any:
 
 
 async def render(handle: Any, messages: list[ChatMessage]) -> str:
-    return (await _call(handle, Call(id="", op="render", messages=messages))).text or ""
+    return (await _call(handle, Render(id="", messages=messages))).text
 
 
 async def tokenize(handle: Any, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-    call = Call(id="", op="tokenize", text=text, add_special=add_special, parse_special=parse_special)
-    return list((await _call(handle, call)).tokens or [])
+    return list((await _call(handle, Tokenize(id="", text=text, add_special=add_special, parse_special=parse_special))).tokens)
 
 
 async def detokenize(handle: Any, tokens: list[int]) -> str:
-    return (await _call(handle, Call(id="", op="detokenize", tokens=tokens))).text or ""
+    return (await _call(handle, Detokenize(id="", tokens=tokens))).text
 
 
-async def embed(handle: Any, texts: list[str]) -> tuple[list[list[float]] | None, int, Any]:
-    """(vectors, tokens read, error info or None): the error is returned, for the caller to retry on."""
-    result = await handle.call(Call(id="", op="embed", texts=texts))
-    return result.embeddings, result.count or 0, result.error
+async def embed(request: Request, model: str, texts: list[str]) -> tuple[list[list[float]], int, Any]:
+    """(vectors, tokens read, error info or None), holding one of the model's admission slots; the error is
+    returned for the caller to retry on."""
+    result = await admitted_call(request, model, Embed(id="", inputs=list(texts)))
+    return result.embeddings, result.count, result.error

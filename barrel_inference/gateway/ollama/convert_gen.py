@@ -5,35 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, ToolCall
-from ..errors import GatewayError, invalid, unsupported
+from ...protocol import ChatMessage, ErrorCode, ErrorInfo, ToolCall
+from ..errors import invalid, unsupported
 from . import stream as enc
 from .wire import ChatRequest, GenerateRequest, Message
-
-STATUS = {
-    ErrorCode.INVALID_REQUEST: 400, ErrorCode.CONTEXT_LENGTH: 400, ErrorCode.GRAMMAR: 400, ErrorCode.TEMPLATE: 400,
-    ErrorCode.UNSUPPORTED: 400, ErrorCode.MODEL_NOT_FOUND: 404, ErrorCode.OVERLOADED: 503,
-    ErrorCode.WORKER_UNAVAILABLE: 503, ErrorCode.DECODE_FAILED: 500, ErrorCode.INTERNAL: 500,
-}  # fmt: skip
-
-
-def error_status(code: Any) -> int:
-    return STATUS.get(code, 500)
-
 
 def error_message(info: ErrorInfo, model: str | None = None) -> str:
     if info.code == ErrorCode.MODEL_NOT_FOUND and model:
         return f"model '{model}' not found, try pulling it first"
     return info.message
-
-
-def done_error(done: Done) -> ErrorInfo | None:
-    """The error a Done stands for: its own, or, for an abort the client did not ask for, an unavailable one."""
-    if done.error is not None:
-        return done.error
-    if done.finish_reason == FinishReason.ABORT:
-        return ErrorInfo(ErrorCode.WORKER_UNAVAILABLE, "the request was cancelled by the server (model unloaded)", retryable=True)
-    return None
 
 
 def schema_of(fmt: str | dict | None) -> dict | None:
@@ -180,7 +160,3 @@ class PartMapper:
 
 def ollama_call_id(neutral: str) -> str:
     return neutral if not neutral or neutral.startswith("call_") else "call_" + neutral
-
-
-def gateway_error(exc: GatewayError, model: str | None) -> tuple[int, dict]:
-    return error_status(exc.code), {"error": error_message(exc.info, model)}

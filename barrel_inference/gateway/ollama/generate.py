@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -17,13 +17,15 @@ from starlette.responses import Response
 
 from ...protocol import ChatMessage, Delta, Done, ErrorCode, Submit
 from ..errors import GatewayError, invalid
-from ..generation import Generation, record_rejected
-from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
+from ..family import STATUS, Family, plain_error
+from ..generation import Result, record_rejected
+from ..http import ClientDisconnected, JSONBody, client_request_id, new_id
+from ..lifecycle import Adapter, Context, read_body, serve
 from ..keepalive import KeepAliveError, parse_keep_alive
 from . import calls, convert, options as opts, stream as enc
 from .convert_gen import (
-    PartMapper, chat_messages, check_generate, check_think, done_error, error_message, error_status,
-    generate_messages, schema_of, tools_of, with_think,
+    PartMapper, chat_messages, check_generate, check_think, error_message, generate_messages, schema_of, tools_of,
+    with_think,
 )  # fmt: skip
 from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -50,11 +52,14 @@ def _decode(body: bytes, kind: type) -> Any:
 
 
 def _error(exc: GatewayError, model: str | None, request_id: str | None = None) -> Response:
-    status = error_status(exc.code)
-    headers = {"retry-after": "1"} if status == 503 else {}
-    if request_id:
-        headers["x-request-id"] = request_id
-    return JSONBody({"error": error_message(exc.info, model)}, status_code=status, headers=headers)
+    info = exc.info
+    if info.code == ErrorCode.MODEL_NOT_FOUND:
+        info = msgspec.structs.replace(info, message=error_message(info, model))
+    headers = {"x-request-id": request_id} if request_id else {}
+    wait = getattr(exc, "retry_after", None)
+    if wait:
+        headers["retry-after"] = str(max(1, math.ceil(wait)))
+    return FAMILY.error_response(info, status=STATUS.get(info.code, 500), headers=headers)
 
 
 class Prepared:
@@ -125,7 +130,7 @@ async def _load_or_unload(p: Prepared, make_final) -> Response:
 async def generate(request: Request) -> Response:
     p: Prepared | None = None
     try:
-        req = _decode(await request.body(), GenerateRequest)
+        req = _decode(await read_body(request), GenerateRequest)
         p = Prepared(request, req, API_GENERATE, "gen-")
         check_generate(req)
         schema = schema_of(req.format)
@@ -182,7 +187,7 @@ async def _generate_prompt(handle: Any, req: GenerateRequest, record: Any) -> li
 async def chat(request: Request) -> Response:
     p: Prepared | None = None
     try:
-        req = _decode(await request.body(), ChatRequest)
+        req = _decode(await read_body(request), ChatRequest)
         p = Prepared(request, req, API_CHAT, "chat-")
         schema = schema_of(req.format)
         tools = tools_of(req.tools)
@@ -218,7 +223,67 @@ async def chat(request: Request) -> Response:
     return await _run(p, submit, req.stream, chunk, final)
 
 
-# ---- running one request ----------------------------------------------------------------------------------
+# ---- running one request: an adapter on the family-neutral lifecycle ---------------------------------------
+FAMILY = Family("ollama", ("/api",), render_error=plain_error)
+
+
+class NDJSONEncoder:
+    """The lifecycle's stream encoder for Ollama: one object per line, parts mapped as Ollama sends them."""
+
+    def __init__(self, chunk, final) -> None:
+        self.mapper, self.collected = PartMapper(), enc.Collected()
+        self._chunk, self._final = chunk, final
+
+    def start(self) -> bytes:
+        return b""
+
+    def event(self, delta: Delta) -> bytes:
+        text, thinking, tool_calls = self.mapper.feed(delta)
+        self.collected.tokens.extend(delta.tokens)
+        obj = self._chunk(text, thinking, tool_calls)
+        return enc.line(obj) if obj is not None else b""
+
+    def finish(self, done: Done) -> bytes:
+        return enc.line(self._final(done, self.collected, True))
+
+    def error(self, info) -> bytes:
+        return enc.line({"error": info.message})
+
+
+class PreparedAdapter(Adapter):
+    """One request whose Submit the route already built (prompt tokens, the worker to use, keep_alive)."""
+
+    family = FAMILY
+    media_type = NDJSON
+
+    def __init__(self, p: Prepared, submit: Submit, stream: bool, chunk, final) -> None:
+        self.p, self.submit, self.stream = p, submit, stream
+        self.api, self.id_prefix = p.api, p.id.split("-", 1)[0] + "-"
+        self._chunk, self._final = chunk, final
+
+    def decode(self, body: bytes) -> Any:
+        return self.p.req
+
+    def model(self, req: Any) -> str:
+        return self.p.worker
+
+    def streaming(self, req: Any) -> bool:
+        return self.stream
+
+    def to_submit(self, req: Any, rid: str) -> Submit:
+        self.p.state.models.residency.request_keep_alive(rid, self.p.keep_alive)
+        return msgspec.structs.replace(self.submit, id=rid)
+
+    def encoder(self, req: Any, ctx: Context) -> NDJSONEncoder:
+        return NDJSONEncoder(self._chunk, self._final)
+
+    def response(self, req: Any, ctx: Context, result: Result) -> dict:
+        mapper, c = PartMapper(), enc.Collected()
+        text, thinking, _ = mapper.feed(Delta(id=ctx.id, parts=result.parts))
+        c.text, c.thinking, c.tool_calls, c.tokens = text, thinking, mapper.tool_calls, list(result.tokens)
+        return self._final(result.done, c, False)
+
+
 def _rejected(request: Request, api: str, exc: GatewayError, p: Prepared | None) -> Response:
     rid = p.request_id if p is not None else (client_request_id(request) or new_id("req-"))
     record_rejected(request.app.state, api=api, request_id=rid, error=exc, model=p.name if p else None)
@@ -226,64 +291,7 @@ def _rejected(request: Request, api: str, exc: GatewayError, p: Prepared | None)
 
 
 async def _run(p: Prepared, submit: Submit, stream: bool, chunk, final) -> Response:
-    residency = p.state.models.residency
-    residency.request_keep_alive(submit.id, p.keep_alive)
-    opening = Generation.open(p.state, api=p.api, model=p.worker, submit=submit, stream_response=stream, request_id=p.request_id)
-    try:
-        gen = await until_disconnect(p.request, opening)
-    except GatewayError as exc:
-        residency.forget_request(submit.id)
-        return _error(exc, p.name, p.request_id)
-    except ClientDisconnected:
-        residency.forget_request(submit.id)
-        return Response(status_code=499)
-    headers = {"x-request-id": p.request_id}
-    if stream:
-        return EventStreamResponse(_ndjson(gen, chunk, final), on_close=gen.close, media_type=NDJSON, headers=headers)
-    try:
-        collected, done = await until_disconnect(p.request, _collect(gen))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except GatewayError as exc:
-        gen.close(exc)
-        return _error(exc, p.name, p.request_id)
-    finally:
-        gen.close()
-    if (info := done_error(done)) is not None:
-        return _error(GatewayError.from_info(info), p.name, p.request_id)
-    return JSONBody(final(done, collected, False), headers=headers)
-
-
-async def _collect(gen: Generation) -> tuple[enc.Collected, Done]:
-    mapper, c = PartMapper(), enc.Collected()
-    async for event in gen.events():
-        if isinstance(event, Delta):
-            text, thinking, _ = mapper.feed(event)
-            c.text += text
-            c.thinking += thinking
-            c.tokens.extend(event.tokens)
-        else:
-            c.tool_calls = mapper.tool_calls
-            return c, event
-    raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
-
-
-async def _ndjson(gen: Generation, chunk, final) -> AsyncIterator[bytes]:
-    mapper, c = PartMapper(), enc.Collected()
-    try:
-        async for event in gen.events():
-            if isinstance(event, Delta):
-                text, thinking, calls = mapper.feed(event)
-                c.tokens.extend(event.tokens)
-                obj = chunk(text, thinking, calls)
-                if obj is not None:
-                    yield enc.line(obj)
-            elif (info := done_error(event)) is not None:
-                yield enc.line({"error": info.message})
-            else:
-                yield enc.line(final(event, c, True))
-    finally:
-        gen.close()
+    return await serve(p.request, PreparedAdapter(p, submit, stream, chunk, final))
 
 
 # ---- embeddings -------------------------------------------------------------------------------------------
@@ -291,7 +299,7 @@ async def embed(request: Request) -> Response:
     """POST /api/embed: input (a string or strings) -> embeddings (L2-normalised), truncated to fit by default."""
     p: Prepared | None = None
     try:
-        req = _decode(await request.body(), EmbedRequest)
+        req = _decode(await read_body(request), EmbedRequest)
         p = Prepared(request, req, API_EMBED, "emb-")
         texts = [req.input] if isinstance(req.input, str) else list(req.input)
         texts = [t for t in texts if t != ""] if isinstance(req.input, str) else texts
@@ -307,13 +315,15 @@ async def embed(request: Request) -> Response:
         if any(t == "" for t in texts):
             raise invalid("input must not contain empty strings", "input")
         handle = await p.handle()
-        vectors, count = await _embed(handle, texts, truncate=req.truncate)
+        vectors, count = await _embed(request, handle, texts, truncate=req.truncate)
         if req.dimensions is not None:
             vectors = [_shorten(v, req.dimensions) for v in vectors]
     except _Rejected as exc:
         return _rejected(request, API_EMBED, exc.error, p)
     except GatewayError as exc:
         return _rejected(request, API_EMBED, exc, p)
+    except ClientDisconnected:
+        return Response(status_code=499)
     _after_call(p, handle)
     return JSONBody({
         "model": p.name, "embeddings": vectors, "total_duration": p.total_ns(), "load_duration": p.load_ns,
@@ -325,7 +335,7 @@ async def embeddings(request: Request) -> Response:
     """POST /api/embeddings (the older route): prompt -> embedding."""
     p: Prepared | None = None
     try:
-        req = _decode(await request.body(), EmbeddingsRequest)
+        req = _decode(await read_body(request), EmbeddingsRequest)
         p = Prepared(request, req, API_EMBED, "emb-")
         await p.resolve()
         if not req.prompt:
@@ -335,17 +345,19 @@ async def embeddings(request: Request) -> Response:
                 await p.handle()
             return JSONBody({"embedding": []})
         handle = await p.handle()
-        vectors, _ = await _embed(handle, [req.prompt], truncate=True)
+        vectors, _ = await _embed(request, handle, [req.prompt], truncate=True)
     except _Rejected as exc:
         return _rejected(request, API_EMBED, exc.error, p)
     except GatewayError as exc:
         return _rejected(request, API_EMBED, exc, p)
+    except ClientDisconnected:
+        return Response(status_code=499)
     _after_call(p, handle)
     return JSONBody({"embedding": vectors[0]})
 
 
-async def _embed(handle: Any, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
-    vectors, count, error = await calls.embed(handle, texts)
+async def _embed(request: Request, handle: Any, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
+    vectors, count, error = await calls.embed(request, handle.name, texts)
     if error is not None and error.code == ErrorCode.CONTEXT_LENGTH and truncate:
         limit = max(1, handle.hello.n_ctx - 2)  # room for BOS / EOS
         cut = []
@@ -354,7 +366,7 @@ async def _embed(handle: Any, texts: list[str], *, truncate: bool) -> tuple[list
             if len(toks) > limit:
                 text = await calls.detokenize(handle, toks[:limit])
             cut.append(text)
-        vectors, count, error = await calls.embed(handle, cut)
+        vectors, count, error = await calls.embed(request, handle.name, cut)
     if error is not None:
         raise GatewayError.from_info(error)
     return vectors or [], count

@@ -148,13 +148,15 @@ async def test_failure_mid_stream_ends_with_an_error_line(gateway):
 
 
 async def test_embed_and_embeddings(client, fake_worker):
+    # the fake's vectors: [words, vowels, 1, 0], normalised
     r = await client.embed(model="fake", input=["a b", "c"])
-    assert r.embeddings == [[2.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]] and r.prompt_eval_count == 3
-    assert r.total_duration > 0 and r.model == "fake"
+    assert r.embeddings[0] == pytest.approx([2 / 6**0.5, 1 / 6**0.5, 1 / 6**0.5, 0.0])
+    assert r.embeddings[1] == pytest.approx([1 / 2**0.5, 0.0, 1 / 2**0.5, 0.0])
+    assert r.prompt_eval_count == 3 and r.total_duration > 0 and r.model == "fake"
     one = await client.embed(model="fake", input="a b", dimensions=2)
     assert one.embeddings[0] == pytest.approx([2 / 5**0.5, 1 / 5**0.5])  # first 2 dimensions, renormalised
     old = await client.embeddings(model="fake", prompt="a b")
-    assert old.embedding == [2.0, 1.0, 0.0, 0.0]
+    assert old.embedding == pytest.approx(r.embeddings[0])
     empty = await client.embed(model="fake", input=[])
     assert empty.embeddings == []
 
@@ -164,8 +166,8 @@ async def test_embed_truncates_by_default_and_refuses_when_asked_not_to(gateway,
     r = await gateway.client.post("/api/embed", json={"model": "fake", "input": fake_worker_words + "TOOLONG", "truncate": False})
     assert r.status_code == 400 and "longer than the context" in r.json()["error"]
     r = await gateway.client.post("/api/embed", json={"model": "fake", "input": fake_worker_words + "TOOLONG"})
-    assert r.status_code == 200 and r.json()["embeddings"][0][0] == 510.0  # cut to n_ctx - 2 tokens
-    assert any(c.op == "detokenize" for c in fake_worker.calls)
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] == 510  # cut to n_ctx - 2 tokens
+    assert any(type(c).__name__ == "Detokenize" for c in fake_worker.calls)
 
 
 async def test_generate_stop_reason_length(client):
@@ -219,3 +221,45 @@ async def test_golden_chat(gateway):
 async def test_golden_embed(gateway):
     same_shape((await gateway.client.post("/api/embed", json={"model": "fake", "input": "a"})).json(), GOLDEN["embed"])
     same_shape((await gateway.client.post("/api/embeddings", json={"model": "fake", "prompt": "a"})).json(), GOLDEN["embeddings"])
+
+
+# ---- thinking and tool calls: typed parts from the worker as Ollama's message fields --------------------------
+@pytest.fixture
+async def tools_gateway(make_gateway, fake_worker):
+    from ..conftest import MODEL, StubRecord, StubRegistry
+
+    record = StubRecord(MODEL, loader={"tool_format": "qwen-xml", "thinking_start": "<think>"})
+    return await make_gateway(fake_worker.endpoint, registry=StubRegistry(record))
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+SCRIPT = 'THINK:hmm so CALL:get_weather:{"city":"Paris"} CALL:f#1:{}'
+
+
+async def test_chat_stream_maps_thinking_and_tool_calls(tools_gateway, fake_worker):
+    r = await tools_gateway.client.post("/api/chat", json={
+        "model": "fake", "messages": [{"role": "user", "content": SCRIPT}], "tools": TOOLS, "think": True,
+    })  # fmt: skip
+    chunks = lines(r)
+    msgs = [c["message"] for c in chunks[:-1]]
+    assert "".join(m.get("thinking", "") for m in msgs) == "hmm"
+    assert "".join(m["content"] for m in msgs) == " so"
+    calls = [tc for m in msgs for tc in m.get("tool_calls", [])]
+    assert calls == [
+        {"id": "call_get_weather0", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"id": "call_f1", "function": {"index": 1, "name": "f", "arguments": {}}},
+    ]  # whole calls, arguments as objects, in order
+    assert chunks[-1]["done"] and chunks[-1]["done_reason"] == "stop"
+    s = fake_worker.submits[-1]
+    assert s.tools == TOOLS
+
+
+async def test_chat_plain_and_client_see_tool_calls_and_thinking(tools_gateway):
+    c = ollama.AsyncClient(host="http://gateway.test", transport=httpx.ASGITransport(app=tools_gateway.app))
+    r = await c.chat(model="fake", messages=[{"role": "user", "content": SCRIPT}], tools=TOOLS, think=True)
+    assert r.message.thinking == "hmm" and r.message.content == " so"
+    assert [(t.function.name, dict(t.function.arguments)) for t in r.message.tool_calls] == [("get_weather", {"city": "Paris"}), ("f", {})]
+    g = await c.generate(model="fake", prompt="THINK:mull a b", think=True)
+    assert g.thinking == "mull" and g.response == " a b"
+    chunks = [x async for x in await c.generate(model="fake", prompt="THINK:mull a", think=True, stream=True)]
+    assert "".join(x.thinking or "" for x in chunks) == "mull" and "".join(x.response for x in chunks) == " a"
