@@ -15,7 +15,6 @@ Workers that run elsewhere (a configured endpoint) are only connected to: they n
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -170,9 +169,3 @@ class Residency:
         for name in list(self._timers):
             self._cancel(name)
 
-
-def expires_at_unix(handle: Any) -> float:
-    """For /api/ps: when the model will be unloaded (inf while busy with no end known, or kept forever)."""
-    if handle.expires_at is None:
-        return math.inf
-    return handle.expires_at

@@ -15,7 +15,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...protocol import ChatMessage, Delta, Done, ErrorCode, Submit
+from ...protocol import Delta, Done, ErrorCode, Submit
 from ..errors import GatewayError, invalid
 from ..family import STATUS, Family, plain_error
 from ..generation import Result, record_rejected
@@ -390,7 +390,3 @@ def _after_call(p: Prepared, handle: Any) -> None:
     else:
         handle.keep_alive = p.keep_alive
         residency.forget_request(p.id)
-
-
-# keep the message type importable for tests that build requests by hand
-__all__ = ["generate", "chat", "embed", "embeddings", "ChatMessage"]
