@@ -7,6 +7,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
+  FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
@@ -57,6 +58,7 @@ class FakeWorker:
         self.calls: list = []
         self.pings = 0
         self.answer_pings = True
+        self.frozen = False
         self._running: dict[str, asyncio.Task] = {}
         self._ctx = zmq.asyncio.Context()
         self._sock = None
@@ -104,6 +106,8 @@ class FakeWorker:
     async def _serve(self) -> None:
         while True:
             peer, body = await self._sock.recv_multipart()
+            if self.frozen:
+                continue
             msg = self.codec.decode(body)
             if isinstance(msg, Connect):
                 self.connects += 1
@@ -159,6 +163,9 @@ class FakeWorker:
             n = 0
             for word in words:
                 if word == "STALL":
+                    await asyncio.Event().wait()
+                if word == "FREEZE":
+                    self.frozen = True
                     await asyncio.Event().wait()
                 if word == "GARBLE":
                     bad = {"kind": "tick", "deltas": [{"id": s.id, "parts": [{"type": "hologram", "text": "?"}]}]}
