@@ -80,7 +80,7 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
@@ -94,7 +94,7 @@ async def embeddings(request: Request) -> Response:
             raise GatewayError.from_info(result.error)
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
-        return FAMILY.error_response(exc.info, headers=headers)
+        return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
     usage = {"prompt_tokens": result.count, "total_tokens": result.count}
