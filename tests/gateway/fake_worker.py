@@ -7,6 +7,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
@@ -142,6 +143,8 @@ class FakeWorker:
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
+            if "NOEMBED" in msg.inputs:
+                return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
             vecs = []
             for item in msg.inputs:
                 n = len(item) if isinstance(item, list) else len(item.split())
