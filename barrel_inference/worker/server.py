@@ -20,8 +20,8 @@ import zmq
 
 from ..protocol import (
     PROTOCOL_VERSION, Abort, Connect, CountResult, CountTokens, Detokenize, DetokenizeResult, Embed, EmbedResult,
-    EndSession, EngineInfo, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit,
-    Tick, Tokenize, TokenizeResult, WorkerCodec,
+    EndSession, EngineInfo, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit, Tick,
+    Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
 from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError

@@ -8,6 +8,8 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
   CALL:name:{"a":1} -> a whole tool call as parts (start, argument text, end); name#2 gives index 2
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
+  FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
@@ -60,6 +62,7 @@ class FakeWorker:
         self.calls: list = []
         self.pings = 0
         self.answer_pings = True
+        self.frozen = False
         self._running: dict[str, asyncio.Task] = {}
         self._ctx = zmq.asyncio.Context()
         self._sock = None
@@ -113,6 +116,8 @@ class FakeWorker:
     async def _serve(self) -> None:
         while True:
             peer, body = await self._sock.recv_multipart()
+            if self.frozen:
+                continue
             msg = self.codec.decode(body)
             if isinstance(msg, Connect):
                 self.connects += 1
@@ -152,6 +157,8 @@ class FakeWorker:
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
             if any(isinstance(item, str) and "TOOLONG" in item for item in msg.inputs):
                 return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.CONTEXT_LENGTH, "input is longer than the context", param="input"))
+            if "NOEMBED" in msg.inputs:
+                return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
             vecs = []
             for item in msg.inputs:
                 n = len(item) if isinstance(item, list) else len(item.split())
@@ -174,6 +181,9 @@ class FakeWorker:
             n = 0
             for word in words:
                 if word == "STALL":
+                    await asyncio.Event().wait()
+                if word == "FREEZE":
+                    self.frozen = True
                     await asyncio.Event().wait()
                 if word == "GARBLE":
                     bad = {"kind": "tick", "deltas": [{"id": s.id, "parts": [{"type": "hologram", "text": "?"}]}]}

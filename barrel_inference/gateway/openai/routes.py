@@ -3,14 +3,13 @@ POST /v1/embeddings, GET /v1/models[/{id}]."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Embed, Submit
+from ...protocol import Embed, Submit, ThinkingPart
 from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
@@ -62,7 +61,11 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        thinking = "".join(p.text for p in result.parts if type(p) is ThinkingPart)
+        if thinking:  # the common extension clients read reasoning from
+            body["choices"][0]["message"]["reasoning_content"] = thinking
+        return body
 
 
 class CompletionAdapter(_OpenAIAdapter):
@@ -81,11 +84,7 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    headers = {"x-request-id": request_id} if request_id else {}
-    wait = getattr(exc, "retry_after", None)
-    if wait:  # a model in restart backoff says how long
-        headers["retry-after"] = str(max(1, math.ceil(wait)))
-    return FAMILY.error_response(exc.info, headers=headers or None)
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
@@ -99,7 +98,7 @@ async def embeddings(request: Request) -> Response:
             raise GatewayError.from_info(result.error)
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
-        return FAMILY.error_response(exc.info, headers=headers)
+        return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
     usage = {"prompt_tokens": result.count, "total_tokens": result.count}
