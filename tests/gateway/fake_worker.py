@@ -7,7 +7,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
-  CALL:name:{"a":1} -> a whole tool call as parts (start, argument text, end); name#2 gives index 2
+  CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
   NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
@@ -31,7 +31,7 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    Usage, WorkerCodec, Detokenize, DetokenizeResult, Render, RenderResult, ToolCallArgs, ToolCallEnd, ToolCallStart,
+    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, Detokenize, DetokenizeResult, Render, RenderResult,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -178,7 +178,7 @@ class FakeWorker:
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
-            n = 0
+            n = n_calls = 0
             for word in words:
                 if word == "STALL":
                     await asyncio.Event().wait()
@@ -202,10 +202,18 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
+                if word.startswith("CALL:"):
+                    _, name, args = word.split(":", 2)
+                    raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
+                    n_calls += 1
+                else:
+                    parts = [_part(word, n)]
                 tokens = [self.token_of(word)] if s.want_tokens else []
-                await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=_parts(word, n), tokens=tokens, n_tokens=1)]))
+                await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, tokens=tokens, n_tokens=1)]))
             usage.completion_tokens = n
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.STOP, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
 
@@ -215,17 +223,6 @@ def _part(word: str, n: int):
         return ThinkingPart(word[len("THINK:"):])
     return TextPart(word if n == 1 else " " + word)
 
-
-def _parts(word: str, n: int) -> list:
-    """CALL:name:{json} is a whole tool call (start, its argument text in two pieces, end); else one part."""
-    if word.startswith("CALL:"):
-        _, name, args = word.split(":", 2)
-        index = int(name.rsplit("#", 1)[1]) if "#" in name else 0
-        name = name.split("#")[0]
-        half = len(args) // 2
-        return [ToolCallStart(index=index, id=f"{name}{index}", name=name), ToolCallArgs(index=index, text=args[:half]),
-                ToolCallArgs(index=index, text=args[half:]), ToolCallEnd(index=index, arguments=args, raw=args)]  # fmt: skip
-    return [_part(word, n)]
 
 
 async def _main(argv: list[str]) -> int:

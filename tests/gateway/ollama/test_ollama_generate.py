@@ -233,7 +233,7 @@ async def tools_gateway(make_gateway, fake_worker):
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-SCRIPT = 'THINK:hmm so CALL:get_weather:{"city":"Paris"} CALL:f#1:{}'
+SCRIPT = 'THINK:hmm so CALL:get_weather:{"city":"Paris"} CALL:f:{}'
 
 
 async def test_chat_stream_maps_thinking_and_tool_calls(tools_gateway, fake_worker):
@@ -246,10 +246,10 @@ async def test_chat_stream_maps_thinking_and_tool_calls(tools_gateway, fake_work
     assert "".join(m["content"] for m in msgs) == " so"
     calls = [tc for m in msgs for tc in m.get("tool_calls", [])]
     assert calls == [
-        {"id": "call_get_weather0", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}},
-        {"id": "call_f1", "function": {"index": 1, "name": "f", "arguments": {}}},
+        {"id": "call_fc0", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"id": "call_fc1", "function": {"index": 1, "name": "f", "arguments": {}}},
     ]  # whole calls, arguments as objects, in order
-    assert chunks[-1]["done"] and chunks[-1]["done_reason"] == "stop"
+    assert chunks[-1]["done"] and chunks[-1]["done_reason"] == "stop"  # the turn ended as tool_calls: Ollama says stop
     s = fake_worker.submits[-1]
     assert s.tools == TOOLS
 
