@@ -53,6 +53,18 @@ def with_think(submit: Any, think: bool | str | None) -> Any:
     return submit
 
 
+def with_tool_choice(submit: Any, choice: str | dict | None) -> Any:
+    """Ours: force or forbid a call, where the link carries it (Submit.tool_choice)."""
+    if choice is None:
+        return submit
+    if isinstance(choice, str) and choice not in ("auto", "none", "required", "any"):
+        raise invalid(f"tool_choice must be auto, none, required or a function, got {choice!r}", "tool_choice")
+    if "tool_choice" not in getattr(type(submit), "__struct_fields__", ()):
+        raise unsupported("tool_choice is not supported by this server build", "tool_choice")
+    submit.tool_choice = choice
+    return submit
+
+
 def _arguments_text(args: dict | str, where: str) -> str:
     if isinstance(args, str):
         try:

@@ -25,7 +25,7 @@ from ..keepalive import KeepAliveError, parse_keep_alive
 from . import calls, convert, options as opts, stream as enc
 from .convert_gen import (
     PartMapper, chat_messages, check_generate, check_think, error_message, generate_messages, schema_of, tools_of,
-    with_think,
+    with_think, with_tool_choice,
 )  # fmt: skip
 from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -210,6 +210,10 @@ async def chat(request: Request) -> Response:
         json_schema=schema, ignore_eos=e.ignore_eos,
     )  # fmt: skip
     with_think(submit, req.think)
+    try:
+        with_tool_choice(submit, req.tool_choice)
+    except GatewayError as exc:
+        return _rejected(request, API_CHAT, exc, p)
 
     def chunk(text: str, thinking: str, calls: list[dict]) -> dict | None:
         if not (text or thinking or calls):

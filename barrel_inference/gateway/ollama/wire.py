@@ -96,6 +96,8 @@ class GenerateRequest(ModelRef):
 class ChatRequest(ModelRef):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
+    # ours (Ollama has none): "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict | None = None
     stream: bool = True
     format: str | dict | None = None
     options: dict | None = None

@@ -263,3 +263,8 @@ async def test_chat_plain_and_client_see_tool_calls_and_thinking(tools_gateway):
     assert g.thinking == "mull" and g.response == " a b"
     chunks = [x async for x in await c.generate(model="fake", prompt="THINK:mull a", think=True, stream=True)]
     assert "".join(x.thinking or "" for x in chunks) == "mull" and "".join(x.response for x in chunks) == " a"
+
+
+async def test_tool_choice_extension_is_checked(gateway):
+    r = await gateway.client.post("/api/chat", json={"model": "fake", "messages": [{"role": "user", "content": "x"}], "tool_choice": "always"})
+    assert r.status_code == 400 and "tool_choice" in r.json()["error"]

@@ -48,10 +48,11 @@ async def gw():
 async def test_num_ctx_gets_its_own_worker_without_breaking_running_streams(gw):
     client, models, argv_file = gw
     running = asyncio.create_task(client.post("/api/generate", json={"model": "m", "prompt": "a b STALL", "raw": True}))
-    for _ in range(200):
+    for _ in range(1000):  # the worker starts (a child process), then the request runs on it
         if models.handles() and models.handles()[0].in_flight:
             break
         await asyncio.sleep(0.02)
+    assert models.handles(), "the model's worker did not start"
     base = models.handles()[0]
     r = await client.post("/api/generate", json={"model": "m", "prompt": "x y", "stream": False, "options": {"num_ctx": 16384}})
     assert r.status_code == 200 and r.json()["response"] == "x y"
