@@ -44,6 +44,28 @@ def ago(when: str | None, now: dt.datetime | None = None) -> str:
     return when  # pragma: no cover
 
 
+def until(when: str | None, now: dt.datetime | None = None) -> str:
+    """An unload deadline (`expires_at`) as 'in 4 minutes'; Ollama's far-future date means 'forever'."""
+    if not when:
+        return "?"
+    try:
+        t = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return when
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    if t.year >= 2300:
+        return "forever"
+    s = (t - (now or dt.datetime.now(dt.timezone.utc))).total_seconds()
+    if s < 1:
+        return "now"
+    for limit, div, unit in ((60, 1, "second"), (3600, 60, "minute"), (86400, 3600, "hour"), (float("inf"), 86400, "day")):
+        if s < limit:
+            n = int(s // div)
+            return f"in {n} {unit}{'s' if n != 1 else ''}"
+    return when  # pragma: no cover
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None or seconds != seconds or seconds == float("inf"):
         return "--:--"

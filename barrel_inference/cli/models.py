@@ -8,7 +8,7 @@ import click
 
 from .client import CLIError
 from .context import State, json_option
-from .formatting import PullProgress, ago, echo_json, human_size, table
+from .formatting import PullProgress, ago, echo_json, human_size, table, until
 
 
 def not_found_hint(exc: CLIError, name: str) -> CLIError:
@@ -66,9 +66,10 @@ def ps(state: State):
         echo_json(models)
         return
     rows = [[m["name"], human_size(m.get("size")), str(m.get("context_length") or "?"), str(m.get("n_seq_max") or "?"),
-             str(m.get("in_flight") if m.get("in_flight") is not None else "?"), str(m.get("pid") or "remote"), ago(m.get("started_at"))]
+             str(m.get("in_flight") if m.get("in_flight") is not None else "?"), str(m.get("pid") or "remote"), ago(m.get("started_at")),
+             until(m.get("expires_at"))]
             for m in models]  # fmt: skip
-    click.echo(table(["NAME", "SIZE", "CONTEXT", "SEQS", "IN FLIGHT", "PID", "STARTED"], rows))
+    click.echo(table(["NAME", "SIZE", "CONTEXT", "SEQS", "IN FLIGHT", "PID", "STARTED", "UNTIL"], rows))
 
 
 @click.command()

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from barrel_inference import __version__
-from barrel_inference.cli.formatting import PullProgress, ago, human_size
+from barrel_inference.cli.formatting import PullProgress, ago, human_size, until
 from barrel_inference.cli.main import main
 from tests.registry.registry_fakes import OLLAMA_SEARCH_PAGE
 
@@ -125,6 +125,8 @@ def test_ps_and_unload(daemon):
     r = bictl(daemon, "ps")
     assert r.exit_code == 0 and r.stdout.splitlines()[0].split()[:3] == ["NAME", "SIZE", "CONTEXT"]
     assert r.stdout.splitlines()[1].startswith(MODEL)
+    assert r.stdout.splitlines()[0].split()[-1] == "UNTIL"
+    assert r.stdout.splitlines()[1].endswith(("forever", "in 4 minutes"))  # a remote worker's, or the default 5 m's
     ps = json.loads(bictl(daemon, "ps", "--json").stdout)
     assert [m["name"] for m in ps] == [MODEL] and ps[0]["context_length"] == 512
     r = bictl(daemon, "unload", "fake")
@@ -249,3 +251,13 @@ def test_ago():
     assert ago("2025-03-01T11:57:00+00:00", now) == "3 minutes ago"
     assert ago("2025-02-27T12:00:00Z", now) == "2 days ago"
     assert ago("3 weeks ago", now) == "3 weeks ago"
+
+
+def test_until():
+    import datetime as dt
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    assert until("2026-01-01T00:04:30.123456789Z", now) == "in 4 minutes"
+    assert until("2026-01-01T02:00:00Z", now) == "in 2 hours"
+    assert until("2318-01-01T00:00:00Z", now) == "forever"
+    assert until("2025-12-31T23:59:59Z", now) == "now"
