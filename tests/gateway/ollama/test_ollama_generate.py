@@ -268,3 +268,21 @@ async def test_chat_plain_and_client_see_tool_calls_and_thinking(tools_gateway):
 async def test_tool_choice_extension_is_checked(gateway):
     r = await gateway.client.post("/api/chat", json={"model": "fake", "messages": [{"role": "user", "content": "x"}], "tool_choice": "always"})
     assert r.status_code == 400 and "tool_choice" in r.json()["error"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "a b c STALL"}]}),
+    ("/api/generate", {"model": "fake", "prompt": "a b c STALL"}),
+    ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "a STALL"}], "stream": False}),
+])  # fmt: skip
+async def test_a_client_that_leaves_aborts_its_request(gateway, fake_worker, path, body):
+    from ..test_disconnect import drive, wait_for
+
+    streamed = body.get("stream", True)
+    sent = await drive(gateway.app, path, body, disconnect_after_body_chunks=2 if streamed else None,
+                       disconnect_after_s=None if streamed else 0.3)  # fmt: skip
+    if streamed:
+        assert sent[0]["status"] == 200
+    rid = fake_worker.submits[-1].id
+    await wait_for(lambda: fake_worker.aborts == [rid])
+    await wait_for(lambda: gateway.models.handles()[0].in_flight == 0)
