@@ -162,6 +162,8 @@ def create_app(
     app.state.models = models
     app.state.metrics = GatewayMetrics()
     app.state.admission = Admission(settings, app.state.metrics)
+    if hasattr(models, "residency"):  # a slot held by a helper call (an embedding) keeps its model loaded too
+        models.residency.admission = app.state.admission
     app.state.log = log
     app.state.families = families
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)

@@ -45,6 +45,14 @@ class Residency:
                     raise ValueError(f"invalid keep_alive for {where}: {exc}") from None
         self._pending: dict[str, float] = {}  # request id -> keep_alive, until its Done
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.admission: Any = None  # gateway/admission.py, set by the app: slots held count as use
+
+    def busy(self, handle: "WorkerHandle") -> bool:
+        """Requests on the worker, or admission slots held (a helper call such as an embedding)."""
+        if handle.in_flight > 0:
+            return True
+        queue = self.admission.queue(handle.name) if self.admission is not None else None
+        return bool(queue is not None and (queue.running > 0 or queue.depth > 0))
 
     def default_for(self, handle: "WorkerHandle") -> float:
         """The keep_alive of a request that did not say: the model's configured one, else the top-level one."""
@@ -124,7 +132,11 @@ class Residency:
 
     def _expire(self, handle: "WorkerHandle") -> None:
         self._timers.pop(handle.name, None)
-        if handle.in_flight > 0 or handle.expires_at is None or not handle.alive:
+        if handle.expires_at is None or not handle.alive:
+            return
+        if self.busy(handle):  # in use without a request of its own (a helper call): look again later
+            handle.expires_at = time.time() + max(1.0, min(handle.keep_alive, 30.0))
+            self._schedule(handle)
             return
         if time.time() < handle.expires_at - 0.001:  # pushed back meanwhile
             self._schedule(handle)
@@ -150,7 +162,7 @@ class Residency:
             bytes_ok = not self.max_bytes or not loaded or used + need <= self.max_bytes
             if count_ok and bytes_ok:
                 return
-            idle = sorted((h for h in loaded if h.in_flight == 0), key=lambda h: h.last_used)
+            idle = sorted((h for h in loaded if not self.busy(h)), key=lambda h: h.last_used)
             if not idle:
                 limit = f"max_loaded_models={self.max_models}" if not count_ok else f"max_loaded_bytes={self.max_bytes}"
                 raise GatewayError(

@@ -188,3 +188,23 @@ async def test_configured_keep_alive_applies_to_requests_that_do_not_say(short_t
 def test_invalid_configured_keep_alive_fails_at_start(short_tmp):
     with pytest.raises(ValueError, match="invalid keep_alive for defaults"):
         manager(short_tmp, defaults=ModelSettings(keep_alive="soon"))
+
+
+async def test_an_admission_slot_held_by_a_helper_call_keeps_the_model(short_tmp):
+    from barrel_inference.gateway.admission import Admission
+
+    m, _ = manager(short_tmp, StubRecord("a:latest"), StubRecord("b:latest"), max_loaded_models=1)
+    admission = Admission(m.settings)
+    m.residency.admission = admission
+    try:
+        await run(m, "a", "r1", "x", keep_alive=0.2)
+        handle = m.current("a:latest")
+        slot = await admission.acquire(handle.name, 4)  # as an embedding holds one while it runs
+        await asyncio.sleep(0.5)
+        assert handle.process.returncode is None  # not expired while the slot is held
+        with pytest.raises(GatewayError):  # nor evicted for another model
+            await m.get("b")
+        slot.release()
+        await wait_for(lambda: handle.process.returncode is not None, timeout=10)
+    finally:
+        await m.aclose()
