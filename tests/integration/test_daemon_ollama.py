@@ -130,3 +130,18 @@ async def test_pull_from_a_local_registry_then_generate(tiny_gguf, tmp_path):
             assert [m.model for m in (await c.list()).models] == ["tiny:pulled"]
             r = await c.generate(model="tiny:pulled", prompt="hi")
             assert r.done and r.eval_count <= 3  # the registry's params layer applies
+
+
+@pytest.mark.gemma
+async def test_gemma_generate_raw_and_templated_with_context(tmp_path, gemma_gguf):
+    """Real text through Ollama's generate on the real Gemma 3 270M: raw continuation, templated prompt (BOS
+    written by the template, not twice), and `context` continuing the earlier answer."""
+    with Daemon(tmp_path, {"gemma3:270m": gemma_gguf}, n_seq_max=2, n_ctx=1024, threads=2) as d:
+        c = ollama.AsyncClient(host=d.url, timeout=180)
+        raw = await c.generate(model="gemma3:270m", prompt="The capital of France is", raw=True,
+                               options={"temperature": 0, "num_predict": 8})  # fmt: skip
+        assert raw.response.strip() and raw.eval_count == 8 and raw.context is None
+        r = await c.generate(model="gemma3:270m", prompt="Name a colour of the sea.", options={"temperature": 0, "num_predict": 12})
+        assert r.response.strip() and r.context[0] == 2 and r.context[1] != 2  # one BOS
+        more = await c.generate(model="gemma3:270m", prompt="And another?", context=r.context, options={"temperature": 0, "num_predict": 12})
+        assert more.context[: len(r.context)] == list(r.context) and more.prompt_eval_count < len(more.context)
