@@ -85,6 +85,8 @@ class Residency:
         handle.keep_alive = self._pending.pop(request_id, None)
         if handle.keep_alive is None:
             handle.keep_alive = self.default_for(handle)
+        if getattr(handle, "unload_when_idle", False):
+            handle.keep_alive = 0.0
         handle.last_used = time.time()
         if handle.in_flight > 0:
             return
@@ -108,13 +110,25 @@ class Residency:
         handle.last_used = time.time()
         self.idle(handle)
 
+    def workers_of(self, name: str) -> list["WorkerHandle"]:
+        """The workers of the model `name` (registry name): its own and those with other engine settings."""
+        return [h for h in self.manager.handles() if h.name == name or getattr(getattr(h.record, "base", None), "name", None) == name]
+
     async def unload_all(self, name: str) -> bool:
-        """Stop the model `name` (registry name) and every worker of it started with other engine settings."""
-        names = [h.name for h in self.manager.handles() if getattr(getattr(h.record, "base", None), "name", None) == name]
-        stopped = await self.manager.unload(name)
-        for other in names:
-            stopped = await self.manager.unload(other) or stopped
+        """Stop every worker of the model `name` now (its requests are aborted): delete, explicit unload."""
+        stopped = False
+        for handle in self.workers_of(name):
+            stopped = await self.manager.unload(handle.name) or stopped
         return stopped
+
+    async def unload_when_idle(self, name: str) -> None:
+        """Ollama's keep_alive 0 with no prompt: stop the model's idle workers now, busy ones once their
+        requests end (never cutting a stream off)."""
+        for handle in self.workers_of(name):
+            if self.busy(handle):
+                handle.unload_when_idle = True
+            else:
+                await self.manager.unload(handle.name, only_if_idle=True)
 
     # ---- expiry ---------------------------------------------------------------------
     def _schedule(self, handle: "WorkerHandle") -> None:

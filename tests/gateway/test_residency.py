@@ -208,3 +208,19 @@ async def test_an_admission_slot_held_by_a_helper_call_keeps_the_model(short_tmp
         await wait_for(lambda: handle.process.returncode is not None, timeout=10)
     finally:
         await m.aclose()
+
+
+async def test_unload_request_waits_for_running_streams(short_tmp):
+    m, _ = manager(short_tmp)
+    try:
+        handle = await m.get("a")
+        stream = handle.submit(Submit(id="s", messages=[ChatMessage(role="user", content="a b STALL")]))
+        await m.residency.unload_when_idle("a:latest")  # Ollama's generate with keep_alive 0 and no prompt
+        await asyncio.sleep(0.3)
+        assert handle.alive and handle.process.returncode is None and handle.in_flight == 1  # the stream goes on
+        stream.abort()
+        async for _ in stream:
+            pass
+        await wait_for(lambda: handle.process.returncode is not None)  # and then the model goes
+    finally:
+        await m.aclose()

@@ -116,7 +116,7 @@ async def _load_or_unload(p: Prepared, make_final) -> Response:
     """An empty prompt / no messages: load the model (done_reason load), or with keep_alive 0 unload it."""
     models = p.state.models
     if p.keep_alive == 0:
-        await models.residency.unload_all(p.record.name)
+        await models.residency.unload_when_idle(p.record.name)
         return JSONBody(make_final("unload"))
     handle = await p.handle()
     if p.keep_alive is not None:
@@ -312,7 +312,7 @@ async def embed(request: Request) -> Response:
         await p.resolve()
         if not texts:
             if p.keep_alive == 0:
-                await p.state.models.residency.unload_all(p.record.name)
+                await p.state.models.residency.unload_when_idle(p.record.name)
             else:
                 await p.handle()
             return JSONBody({"model": p.name, "embeddings": []})
@@ -344,7 +344,7 @@ async def embeddings(request: Request) -> Response:
         await p.resolve()
         if not req.prompt:
             if p.keep_alive == 0:
-                await p.state.models.residency.unload_all(p.record.name)
+                await p.state.models.residency.unload_when_idle(p.record.name)
             else:
                 await p.handle()
             return JSONBody({"embedding": []})

@@ -192,7 +192,7 @@ GOLDEN = {
 
 
 def same_shape(ours: dict, theirs: dict) -> None:
-    assert list(ours) == list(theirs), (list(ours), list(theirs))  # the same fields, in the same order
+    assert list(ours) == list(theirs), (ours, list(theirs))  # the same fields, in the same order
     for key, value in theirs.items():
         assert type(ours[key]) is type(value) or (isinstance(value, (int, float)) and isinstance(ours[key], (int, float))), key
         if isinstance(value, dict) and key == "message":
