@@ -125,6 +125,8 @@ class Residency:
         """Ollama's keep_alive 0 with no prompt: stop the model's idle workers now, busy ones once their
         requests end (never cutting a stream off)."""
         for handle in self.workers_of(name):
+            if handle.process is None:  # a worker elsewhere: nothing loaded here to free
+                continue
             if self.busy(handle):
                 handle.unload_when_idle = True
             else:

@@ -82,7 +82,9 @@ async def test_load_and_unload_with_an_empty_prompt(gateway):
     assert r.status_code == 200 and set(r.json()) == GENERATE_LOAD and r.json()["done_reason"] == "load"
     assert [m.name for m in gateway.models.running()] == ["fake:latest"]
     r = await gateway.client.post("/api/generate", json={"model": "fake", "keep_alive": 0})
-    assert r.json()["done_reason"] == "unload" and gateway.models.running() == []
+    # the answer is Ollama's; a worker elsewhere (this in-process fake) is only connected to, so it stays
+    # (tests/gateway/test_residency.py and the live daemon test show a local worker stopping)
+    assert r.json()["done_reason"] == "unload" and [m.name for m in gateway.models.running()] == ["fake:latest"]
     r = await gateway.client.post("/api/chat", json={"model": "fake", "messages": []})
     assert r.json()["done_reason"] == "load" and r.json()["message"] == {"role": "assistant", "content": ""}
 
