@@ -28,6 +28,12 @@ __all__ = [
     "Call",
     "Ping",
     "Hello",
+    "TextPart",
+    "ThinkingPart",
+    "ToolCallStart",
+    "ToolCallArgs",
+    "ToolCallEnd",
+    "Part",
     "Delta",
     "Usage",
     "Timings",
@@ -53,12 +59,14 @@ class ErrorCode(str, enum.Enum):
     WORKER_UNAVAILABLE = "worker_unavailable"  # the worker died or could not start
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
+    TOOL_CALL_INVALID = "tool_call_invalid"  # the model wrote a tool call that does not parse or fails its schema
     INTERNAL = "internal"
 
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS / end-of-generation token or a stop sequence
     LENGTH = "length"  # max tokens or the context filled up
+    TOOL_CALLS = "tool_calls"  # the model called tools (the output ends with tool-call parts)
     ABORT = "abort"  # cancelled by the gateway (client disconnect, unload)
     ERROR = "error"  # see Done.error
 
@@ -193,6 +201,43 @@ class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
     eos_token: str = ""
     pid: int = 0
     engine: str = "llama.cpp"
+
+
+# Delta.parts: ordered, typed output. A tagged union on "type"; new kinds get new tags (see the rules).
+
+
+class TextPart(msgspec.Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ThinkingPart(msgspec.Struct, tag="thinking", tag_field="type"):
+    text: str
+
+
+class ToolCallStart(msgspec.Struct, tag="tool_call_start", tag_field="type"):
+    """A tool call begins. `id` is family-neutral; each API family adds its own prefix."""
+
+    index: int
+    id: str
+    name: str
+
+
+class ToolCallArgs(msgspec.Struct, tag="tool_call_args", tag_field="type"):
+    """More of tool call `index`'s argument text, as the model writes it."""
+
+    index: int
+    text: str
+
+
+class ToolCallEnd(msgspec.Struct, tag="tool_call_end", tag_field="type", omit_defaults=True):
+    """Tool call `index` is complete: its canonical JSON arguments and the exact captured text."""
+
+    index: int
+    arguments: str = "{}"
+    raw: str = ""
+
+
+Part = Union[TextPart, ThinkingPart, ToolCallStart, ToolCallArgs, ToolCallEnd]
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
