@@ -74,6 +74,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
     ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
     pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
+    # tool calls: operator formats (name -> importable module with a FORMAT), and the replay map
+    tool_call_formats: dict[str, str] = {}
+    tool_replay_dir: str | None = None  # default: <model_cache_dir>/tool-replay
+    tool_replay_ttl_ms: int = 30 * 24 * 3600 * 1000
+    tool_replay_gc_interval_ms: int = 3600 * 1000
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:
