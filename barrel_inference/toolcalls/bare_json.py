@@ -30,7 +30,7 @@ class BareJson(ToolCallFormat):
     def payload_schema(self, tools: list[dict]) -> dict:
         return named_call_schema(tools, "arguments")
 
-    def span_grammar(self, call_rule: str, parallel: bool) -> str:
+    def span_grammar(self, call_rule: str, parallel: bool, marker) -> str:
         return f'{call_rule} | "[" {call_rule} ( ", " {call_rule} )* "]"' if parallel else call_rule
 
 

@@ -75,6 +75,7 @@ class ToolCallFormat:
     </tool_call>) or not (an end-of-generation token such as <|eom_id|>).
     at_eog: a span still open at end of generation is complete (its end is the EOG token).
     calls_per_span: "one" (each call is its own span) or "many".
+    bare_start: the model may also write the span without its start marker, as the whole reply.
     """
 
     name: str = ""
@@ -83,6 +84,7 @@ class ToolCallFormat:
     end_in_span: bool = True
     at_eog: bool = False
     calls_per_span: str = "one"
+    bare_start: bool = False  # a reply that opens with a JSON value is a span too (without the marker)
 
     def parse(self, span: bytes) -> list[ToolCall]:
         raise NotImplementedError
@@ -95,8 +97,9 @@ class ToolCallFormat:
         (used to build the grammar that constrains a span); None when it does not."""
         return None
 
-    def span_grammar(self, call_rule: str, parallel: bool) -> str | None:
-        """The GBNF `root` of a span after its start marker, given the rule name of one call's JSON."""
+    def span_grammar(self, call_rule: str, parallel: bool, marker) -> str | None:
+        """The GBNF of a span after its start marker, given the rule name of one call's JSON and
+        `marker(text)`, the GBNF of a marker (a token reference where it is one special token)."""
         return None
 
     def markers(self) -> list[str]:

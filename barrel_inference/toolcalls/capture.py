@@ -101,6 +101,10 @@ class Capture:
         """No more output is wanted: an error, or the one call allowed without parallel calls."""
         return self.error is not None or (not self.parallel and bool(self.calls))
 
+    def span_is_start(self) -> bool:
+        """The open span holds its start marker and nothing else yet (a grammar can take over)."""
+        return self.state is State.CALL and self._buf == (self.fmt.start if self.fmt else "")
+
     def take(self) -> list:
         out, self.parts = self.parts, []
         return out
@@ -134,7 +138,7 @@ class Capture:
 
     # ---- the state machine ------------------------------------------------------------------
     def _after_text_start(self) -> State:
-        if self.fmt is not None and not self.fmt.start and not self._text_seen:
+        if self.fmt is not None and (not self.fmt.start or self.fmt.bare_start) and not self._text_seen:
             return State.PROBE
         return State.TEXT
 
@@ -217,7 +221,7 @@ class Capture:
         buf = self._buf
         hit = None
         for end in fmt.ends:
-            i = buf.find(end, len(fmt.start))
+            i = buf.find(end, len(fmt.start) if buf.startswith(fmt.start) else 0)
             if i >= 0 and (hit is None or i < hit[0]):
                 hit = (i, end)
         if hit is not None:
@@ -231,7 +235,7 @@ class Capture:
             return
         self._buf = ""
         self.state = State.TEXT
-        if not fmt.start:  # a marker-less format: a reply that is not a call stays text
+        if not fmt.start or not buf.startswith(fmt.start):  # a marker-less reply that is not a call stays text
             if cut:
                 self._text(buf)
                 return

@@ -1,5 +1,6 @@
 """llama-python-tag: `<|python_tag|>{"name": …, "parameters": …}`, ended by <|eom_id|> or <|eot_id|>
-(Llama 3.1 / 3.2 / 3.3). The end tokens end the generation and are not part of the span.
+(Llama 3.1 / 3.2 / 3.3). The end tokens end the generation and are not part of the span. With
+JSON tools the model also writes the object as the whole reply without the tag; that parses too.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ class LlamaPythonTag(ToolCallFormat):
     end_in_span = False
     at_eog = True
     calls_per_span = "many"
+    bare_start = True  # with JSON tools Llama 3.1 writes the object alone, no <|python_tag|>
 
     def parse(self, span: bytes) -> list[ToolCall]:
         text = self.text_of(span)
-        if not text.startswith(self.start):
-            raise ToolCallParseError(f"a {self.name} call starts with {self.start}")
-        body = text[len(self.start) :].strip()
+        body = (text[len(self.start) :] if text.startswith(self.start) else text).strip()
         # several calls are written one after another, separated by ';' or newlines
         calls, pos = [], 0
         import json
@@ -47,7 +47,7 @@ class LlamaPythonTag(ToolCallFormat):
     def payload_schema(self, tools: list[dict]) -> dict:
         return named_call_schema(tools, "parameters")
 
-    def span_grammar(self, call_rule: str, parallel: bool) -> str:
+    def span_grammar(self, call_rule: str, parallel: bool, marker) -> str:
         more = f' ( "; " {call_rule} )*' if parallel else ""
         return f"{call_rule}{more}"
 

@@ -53,7 +53,7 @@ class MistralToolCalls(ToolCallFormat):
     def payload_schema(self, tools: list[dict]) -> dict | None:
         return None if self.args_spelling else named_call_schema(tools, "arguments")
 
-    def span_grammar(self, call_rule: str, parallel: bool) -> str | None:
+    def span_grammar(self, call_rule: str, parallel: bool, marker) -> str | None:
         if self.args_spelling:
             return None
         more = f' ( ", " {call_rule} )*' if parallel else ""

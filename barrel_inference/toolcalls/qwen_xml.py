@@ -32,9 +32,9 @@ class QwenXml(ToolCallFormat):
     def payload_schema(self, tools: list[dict]) -> dict:
         return named_call_schema(tools, "arguments")
 
-    def span_grammar(self, call_rule: str, parallel: bool) -> str:
-        more = f' ( "\\n"? "{self.start}" "\\n"? {call_rule} "\\n"? "{self.ends[0]}" )*' if parallel else ""
-        return f'"\\n"? {call_rule} "\\n"? "{self.ends[0]}"{more}'
+    def span_grammar(self, call_rule: str, parallel: bool, marker) -> str:
+        one = f'"\\n"? {call_rule} "\\n"? {marker(self.ends[0])}'
+        return f'{one} ( "\\n"? {marker(self.start)} {one} )*' if parallel else one
 
 
 FORMAT = QwenXml()

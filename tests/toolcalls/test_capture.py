@@ -209,3 +209,11 @@ def test_remote_refs_are_never_fetched():
     from barrel_inference.protocol import ToolCall
 
     assert "cannot be applied" in v.error(ToolCall("f", "{}"))
+
+
+def test_llama_writes_the_call_without_its_tag():
+    span = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    parts, finish, _ = run("llama-python-tag", [b" ", span[:9].encode(), span[9:].encode()])
+    assert finish is FinishReason.TOOL_CALLS and parts == call_parts(span)
+    parts, finish, _ = run("llama-python-tag", [b'{"answer": 1}'])
+    assert finish is FinishReason.STOP and parts == [TextPart('{"answer": 1}')]
