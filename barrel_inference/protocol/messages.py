@@ -130,6 +130,10 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     prompt: str | None = None
     prompt_tokens: list[int] | None = None
     tools: list[dict] | None = None  # JSON-Schema tool definitions, handed to the template
+    tool_choice: str | dict | None = None  # "auto" | "none" | "required" | {"type": "function", "function": {"name": …}}
+    parallel_tool_calls: bool = True  # False: at most one call per turn
+    template_kwargs: dict = {}  # the template's own switches: enable_thinking, reasoning_effort, …
+    thinking_budget: int | None = None  # tokens of thinking before the end marker is forced
     add_generation_prompt: bool = True
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     stop: list[str] = []
@@ -247,6 +251,7 @@ class Delta(msgspec.Struct, omit_defaults=True):
     text: str = ""
     tokens: list[int] = []
     n_tokens: int = 0  # tokens generated this tick (text may lag behind tokens)
+    parts: list[Part] = []  # typed output (text, thinking, tool calls) of a request with a capture
 
 
 class Usage(msgspec.Struct):

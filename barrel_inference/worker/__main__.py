@@ -38,6 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
+    from .toolhook import add_arguments
+
+    add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
     from .engine_api import EngineError
     from .server import WorkerServer
     from .templates import ChatTemplate, TemplateError
+    from .toolhook import from_args as tools_from_args
+    from ..toolcalls import UnknownFormat
 
     t0 = time.perf_counter()
     try:
@@ -77,12 +82,13 @@ def main(argv=None) -> int:
         bos = engine.token_text(getattr(engine, "bos", -1)) if hasattr(engine, "bos") else ""
         eos = engine.token_text(getattr(engine, "eos", -1)) if hasattr(engine, "eos") else ""
         template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos)
-    except (EngineError, TemplateError) as exc:
+        tools = tools_from_args(args, engine, template, _log)
+    except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)
         return 2
     n_ctx = min(args.n_ctx, engine.n_ctx)
     server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
-                          prefill_chunk=args.prefill_chunk, log=_log)  # fmt: skip
+                          prefill_chunk=args.prefill_chunk, log=_log, tools=tools)  # fmt: skip
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx,

@@ -327,6 +327,11 @@ class LlamaEngine:
             add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return sampler
 
+    def accept(self, sampler: Sampler, token: int) -> None:
+        """A token chosen without sampling (forced): the chain's grammar and penalties still see it."""
+        if sampler.chain is not None:
+            L.llama_sampler_accept(sampler.chain, token)
+
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
         if sampler.greedy_bias is not None:

@@ -70,6 +70,9 @@ class FakeEngine:
         sampler.i += 1
         return tok
 
+    def accept(self, sampler: FakeSampler, token: int) -> None:
+        pass
+
     def grammar_from_schema(self, schema: dict) -> str:
         return "root ::= \"{}\""
 

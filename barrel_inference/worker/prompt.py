@@ -21,9 +21,9 @@ class PromptBuilder:
         self.n_ctx = n_ctx
         self.model = model
 
-    def render(self, messages, tools=None, add_generation_prompt: bool = True) -> str:
+    def render(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None) -> str:
         try:
-            return self.template.render(messages, tools, add_generation_prompt)
+            return self.template.render(messages, tools, add_generation_prompt, extra)
         except TemplateError as exc:
             raise PromptError(ErrorCode.TEMPLATE, str(exc), "messages") from exc
 
@@ -33,11 +33,17 @@ class PromptBuilder:
         add = self.engine.add_bos and not (bos and text.startswith(bos))
         return self.engine.tokenize(text, add_special=add, parse_special=True)
 
-    def tokens(self, msg: Submit) -> list[int]:
+    def tokens(self, msg: Submit, plan=None) -> list[int]:
+        """plan: the tool setup of a chat request (worker.toolhook.Plan): the messages, tools and
+        template switches to render instead of the Submit's own."""
         if msg.messages is not None:
             if not msg.messages:
                 raise PromptError(ErrorCode.INVALID_REQUEST, "messages must not be empty", "messages")
-            toks = self.tokenize_rendered(self.render(msg.messages, msg.tools, msg.add_generation_prompt))
+            if plan is not None:
+                text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+            else:
+                text = self.render(msg.messages, msg.tools, msg.add_generation_prompt)
+            toks = self.tokenize_rendered(text)
         elif msg.prompt is not None:
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)
         elif msg.prompt_tokens is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ..protocol import Delta, Done, ErrorInfo, FinishReason, Timings, Usage
+from ..protocol import Delta, Done, ErrorInfo, FinishReason, TextPart, Timings, Usage
 from .detok import IncrementalDetokenizer
 from .stops import StopMatcher
 
@@ -21,7 +21,7 @@ class Request:
     __slots__ = (
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
-        "detok", "stops", "pending_text", "pending_tokens", "pending_n", "history",
+        "detok", "stops", "pending_text", "pending_tokens", "pending_n", "history", "hook",
         "t_submit", "t_start", "t_first", "t_end",
     )  # fmt: skip
 
@@ -50,6 +50,7 @@ class Request:
         self.pending_tokens: list[int] = []
         self.pending_n = 0
         self.history: list[int] = []  # generated tokens that are in the KV cache
+        self.hook = None  # ToolHook: tool-call and thinking capture between sampling and detokenising
         self.t_submit = time.perf_counter()
         self.t_start = 0.0
         self.t_first = 0.0
@@ -57,6 +58,15 @@ class Request:
 
     # ---- output -------------------------------------------------------------------------
     def take_delta(self) -> Delta | None:
+        if self.hook is not None:
+            parts = self.hook.take()
+            if not parts and not self.pending_n:
+                return None
+            text = "".join(p.text for p in parts if type(p) is TextPart)
+            d = Delta(self.id, text, self.pending_tokens if self.want_tokens else [], self.pending_n, parts)
+            self.pending_tokens = []
+            self.pending_n = 0
+            return d
         if not self.pending_text and not self.pending_n:
             return None
         d = Delta(self.id, "".join(self.pending_text), self.pending_tokens if self.want_tokens else [], self.pending_n)

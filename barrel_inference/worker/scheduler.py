@@ -200,7 +200,12 @@ class Scheduler:
         sampled: list[tuple[Request, int]] = []
         for r in self.active:
             if r.row >= 0:
-                sampled.append((r, self.engine.sample(r.sampler, r.row)))
+                if r.hook is not None and r.hook.forced:  # the hook's tokens instead of a sample
+                    tok = r.hook.forced.popleft()
+                    self.engine.accept(r.sampler, tok)
+                else:
+                    tok = self.engine.sample(r.sampler, r.row)
+                sampled.append((r, tok))
         t3 = time.perf_counter()
         for r, tok in sampled:
             self._on_token(r, tok, out)
@@ -220,9 +225,15 @@ class Scheduler:
         r.pending_n += 1
         if r.want_tokens:
             r.pending_tokens.append(tok)
-        text, stop = r.stops.push(r.detok.feed(tok))
-        if text:
-            r.pending_text.append(text)
+        if r.hook is not None:  # tool calls and thinking: typed parts instead of plain text
+            end, stop = r.hook.token(r, tok, self.engine)
+            if end is not None and stop is None:
+                self._finish(r, out, end)
+                return
+        else:
+            text, stop = r.stops.push(r.detok.feed(tok))
+            if text:
+                r.pending_text.append(text)
         if stop is not None:
             self._finish(r, out, FinishReason.STOP, stop=stop)
         elif r.max_tokens is not None and r.generated >= r.max_tokens:
@@ -234,6 +245,10 @@ class Scheduler:
 
     # ---- endings ------------------------------------------------------------------------
     def _finish(self, r: Request, out, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None):
+        if r.hook is not None and error is None and reason is not FinishReason.ABORT:
+            reason = r.hook.finish(r, FinishReason.STOP if reason is FinishReason.TOOL_CALLS else reason, eog=True)
+            if r.hook.error is not None:
+                reason, error = FinishReason.ERROR, ErrorInfo(ErrorCode.TOOL_CALL_INVALID, r.hook.error)
         if reason in (FinishReason.STOP, FinishReason.LENGTH) and stop is None:
             tail = r.stops.flush() + r.detok.flush()
             if tail:

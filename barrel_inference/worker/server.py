@@ -24,13 +24,14 @@ from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
+from .toolhook import PlanError
 
 IDLE_POLL_MS = 200
 
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, tools=None):  # fmt: skip
         self.engine = engine
         self.template = template
         self.model = model
@@ -40,6 +41,7 @@ class WorkerServer:
         self.codec = WorkerCodec()
         self.zctx = zmq.Context.instance()
         self.prompts = PromptBuilder(engine, template, n_ctx, model)
+        self.tools = tools  # toolhook.ModelTools: tool calls and thinking; None: plain text
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
@@ -148,16 +150,25 @@ class WorkerServer:
     def _submit(self, peer: bytes, msg: Submit):
         if msg.max_tokens is not None and msg.max_tokens < 1:
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        plan = None
         try:
-            tokens = self.prompts.tokens(msg)
+            if self.tools is not None and msg.messages is not None:
+                plan = self.tools.plan(msg)
+            tokens = self.prompts.tokens(msg, plan)
             grammar = self.prompts.grammar(msg)
-        except PromptError as exc:
+        except (PromptError, PlanError) as exc:
             return Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)])
+        if plan is not None and plan.grammar is not None:
+            if grammar is not None:
+                return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")])
+            grammar = plan.grammar
         req = Request(
             msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
             session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
             piece=self.engine.piece,
         )  # fmt: skip
+        if plan is not None:
+            req.hook = plan.hook(tokens)
         self.scheduler.submit(req)
         return None
 

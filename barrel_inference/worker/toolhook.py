@@ -225,3 +225,31 @@ class ToolHook:
     @property
     def error(self) -> str | None:
         return self.capture.error
+
+
+# ---- worker command line ---------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tool-format", default=None, help="tool-call format name (default: detected from the template)")
+    p.add_argument("--thinking-start", default=None, help="thinking start marker (default: detected)")
+    p.add_argument("--thinking-end", default=None)
+    p.add_argument("--tool-call-formats", default=None, help="JSON object: operator format name -> importable module")
+    p.add_argument("--tool-replay-path", default=None, help="SQLite file of the replay map (none: no replay)")
+    p.add_argument("--tool-replay-ttl-ms", type=int, default=30 * 24 * 3600 * 1000)
+    p.add_argument("--tool-replay-gc-interval-ms", type=int, default=3600 * 1000)
+
+
+def from_args(args, engine, template, log=None) -> ModelTools:
+    """The worker's ModelTools; raises UnknownFormat for a format name nobody provides."""
+    import json
+
+    plugins = json.loads(args.tool_call_formats) if args.tool_call_formats else {}
+    thinking = (args.thinking_start, args.thinking_end) if args.thinking_start and args.thinking_end else None
+    replay = None
+    if args.tool_replay_path:
+        from ..toolcalls.replay import ReplayMap
+
+        replay = ReplayMap(args.tool_replay_path, ttl_ms=args.tool_replay_ttl_ms, gc_interval_ms=args.tool_replay_gc_interval_ms)
+    return ModelTools(engine, template.source, tool_format=args.tool_format, thinking=thinking, plugins=plugins,
+                      replay=replay, log=log)  # fmt: skip
