@@ -127,7 +127,8 @@ class ModelTools:
                 return None
             in_thinking = bool(self.thinking) and self.engine.detokenize(prompt[-8:], special=True).rstrip().endswith(self.thinking[0])
             cap = Capture(fmt, allowed or None, thinking=self.thinking, in_thinking=in_thinking, parallel=parallel, validator=validator)
-            return ToolHook(self, cap, span_grammar=None if grammar is not None else span, thinking_budget=budget)
+            own = grammar is not None or msg.grammar is not None or msg.json_schema is not None  # a grammar already holds the reply
+            return ToolHook(self, cap, span_grammar=None if own else span, thinking_budget=budget)
 
         return Plan(messages, template_tools, kwargs, grammar, hook)
 
