@@ -22,6 +22,7 @@ _STATUS = {
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.DECODE_FAILED: 500,
+    ErrorCode.TOOL_CALL_INVALID: 500,  # the model wrote a call that does not parse or validate
     ErrorCode.INTERNAL: 500,
 }
 
