@@ -157,34 +157,26 @@ def _with_system(messages: list[ChatMessage], note: str) -> list[ChatMessage]:
 class ToolHook:
     """One request's capture, between sampling and detokenising."""
 
-    __slots__ = ("tools", "capture", "span_grammar", "budget", "out", "forced")
+    __slots__ = ("tools", "capture", "span_grammar", "budget", "forced")
 
     def __init__(self, tools: ModelTools, capture: Capture, *, span_grammar: str | None, thinking_budget: int | None):
         self.tools = tools
         self.capture = capture
         self.span_grammar = span_grammar
         self.budget = thinking_budget
-        self.out: list = []  # parts for the next delta
         self.forced: deque[int] = deque()  # tokens to decode instead of sampling (the end of a thinking span)
 
-    def take(self) -> list:
-        out, self.out = self.out, []
-        return out
-
     def _pass(self, r, parts) -> str | None:
-        """Parts to the output; text through the request's stop sequences. Returns a matched stop."""
+        """Parts to the request's output; text through its stop sequences. Returns a matched stop."""
         for p in parts:
             if type(p) is TextPart:
                 text, stop = r.stops.push(p.text)
-                if text:
-                    self.out.append(TextPart(text))
+                r.emit_text(text)
                 if stop is not None:
                     return stop
             else:
-                held = r.stops.flush()
-                if held:
-                    self.out.append(TextPart(held))
-                self.out.append(p)
+                r.emit_text(r.stops.flush())
+                r.emit(p)
         return None
 
     def token(self, r, tok: int, engine) -> tuple[FinishReason | None, str | None]:
@@ -214,9 +206,7 @@ class ToolHook:
         cap = self.capture
         end = cap.finish(reason, eog=eog)
         self._pass(r, cap.take())
-        held = r.stops.flush()
-        if held:
-            self.out.append(TextPart(held))
+        r.emit_text(r.stops.flush())
         replay = self.tools.replay
         if replay is not None and end is not FinishReason.ERROR:
             for c in cap.calls:
