@@ -7,6 +7,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
+  CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
@@ -27,7 +28,7 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    Usage, WorkerCodec,
+    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -156,7 +157,7 @@ class FakeWorker:
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
-            n = 0
+            n = n_calls = 0
             for word in words:
                 if word == "STALL":
                     await asyncio.Event().wait()
@@ -177,9 +178,17 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=[_part(word, n)], n_tokens=1)]))
+                if word.startswith("CALL:"):
+                    _, name, args = word.split(":", 2)
+                    raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
+                    n_calls += 1
+                else:
+                    parts = [_part(word, n)]
+                await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, n_tokens=1)]))
             usage.completion_tokens = n
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.STOP, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
 

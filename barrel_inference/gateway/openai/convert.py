@@ -7,7 +7,10 @@ import math
 import struct
 from typing import Any
 
-from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
+from ...protocol import (
+    ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ThinkingPart, ToolCall, ToolCallEnd,
+    ToolCallStart, Usage,
+)  # fmt: skip
 from ..errors import invalid, unsupported
 from ..family import STATUS
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Message
@@ -111,6 +114,33 @@ def _tools_of(req: ChatCompletionRequest) -> list[dict] | None:
     return list(req.tools)
 
 
+def _tool_choice_of(req: ChatCompletionRequest) -> str | dict | None:
+    """auto / none / required, or {"type": "function", "function": {"name": …}} naming a declared tool."""
+    choice = req.tool_choice
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise invalid("tool_choice must be 'auto', 'none', 'required' or a named function", "tool_choice")
+        if choice == "required" and not req.tools:
+            raise invalid("tool_choice 'required' needs tools", "tool_choice")
+        return choice
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if choice.get("type", "function") != "function" or not isinstance(name, str):
+        raise invalid("a named tool_choice is {'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    if not any(isinstance(t.get("function"), dict) and t["function"].get("name") == name for t in req.tools or []):
+        raise invalid(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _template_kwargs_of(req: ChatCompletionRequest) -> dict:
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs
+
+
 def _schema_of(req: ChatCompletionRequest) -> dict | None:
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -131,6 +161,10 @@ def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
         id=request_id,
         messages=[message_of(m, i) for i, m in enumerate(req.messages)],
         tools=_tools_of(req),
+        tool_choice=_tool_choice_of(req),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        template_kwargs=_template_kwargs_of(req),
+        thinking_budget=req.thinking_budget,
         sampling=sampling_of(req),
         stop=stop_of(req.stop),
         max_tokens=max_tokens,
@@ -190,7 +224,29 @@ def usage_json(usage: Usage) -> dict:
     }
 
 
-def chat_response(request_id: str, model: str, created: int, text: str, done: Done) -> dict:
+CALL_PREFIX = "call_"
+
+
+def tool_calls_json(parts: list) -> list[dict]:
+    """The completed tool calls among `parts`, as OpenAI's message.tool_calls."""
+    calls: dict[int, dict] = {}
+    for p in parts:
+        if type(p) is ToolCallStart:
+            calls[p.index] = {"id": CALL_PREFIX + p.id, "type": "function", "function": {"name": p.name, "arguments": ""}}
+        elif type(p) is ToolCallEnd and p.index in calls:
+            calls[p.index]["function"]["arguments"] = p.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+def chat_response(request_id: str, model: str, created: int, text: str, done: Done, parts: list | None = None) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    thinking = "".join(p.text for p in parts or [] if type(p) is ThinkingPart)
+    if thinking:
+        message["reasoning_content"] = thinking
+    calls = tool_calls_json(parts or [])
+    if calls:
+        message["tool_calls"] = calls
+        message["content"] = text or None
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -199,7 +255,7 @@ def chat_response(request_id: str, model: str, created: int, text: str, done: Do
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason_of(done),
             }

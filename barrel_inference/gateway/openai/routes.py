@@ -61,7 +61,7 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done, result.parts)
 
 
 class CompletionAdapter(_OpenAIAdapter):

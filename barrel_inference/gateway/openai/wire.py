@@ -92,6 +92,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     tools: list[dict] | None = None
     tool_choice: Union[str, dict, None] = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None  # handed to the chat template (models that read it)
+    chat_template_kwargs: dict | None = None  # extension: the template's own switches (enable_thinking, ...)
+    thinking_budget: Annotated[int, Meta(ge=0)] | None = None  # extension: thinking tokens before the span is closed
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
