@@ -96,6 +96,8 @@ class Generation:
                 raise GatewayError.from_info(first.error)
         else:
             self.accepted = first
+            for result, n in first.tool_replay.items():
+                self.state.metrics.tool_replay.labels(self.model, result).inc(n)
 
     async def events(self) -> AsyncIterator[Event]:
         assert self.stream is not None

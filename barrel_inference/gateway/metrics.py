@@ -24,6 +24,7 @@ class GatewayMetrics:
         self.active_streams = Gauge(P + "active_streams", "Generations in progress (streamed or not)", ["model"], registry=r)
         self.waiting = Gauge(P + "requests_waiting", "Requests waiting in the model's admission queue (queue depth)", ["model"], registry=r)
         self.queue_wait = Histogram(P + "queue_wait_seconds", "Time a request waited in the gateway's admission queue", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.tool_replay = Counter(P + "tool_replay_lookups", "Tool calls in a request's history looked up in the replay map", ["model", "result"], registry=r)  # fmt: skip
         self.rejections = Counter(P + "queue_rejections", "Requests refused by admission: full, timeout, disconnected", ["model", "reason"], registry=r)  # fmt: skip
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Submit to first generated token", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between generated tokens", ["model"], buckets=_ITL_BUCKETS, registry=r)

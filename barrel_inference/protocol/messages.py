@@ -336,6 +336,7 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
     n_ctx: int = 0  # the sequence's context (prompt + output)
+    tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
 
 
 class Delta(msgspec.Struct, omit_defaults=True):

@@ -49,8 +49,8 @@ class ReplayMap:
         ).fetchone()
         return bytes(row[0]) if row else None
 
-    def lookup_calls(self, ids: list[str | None], *, has_format: bool = True) -> str | None:
-        """The exact text of an assistant turn's calls, or None when any of them is unknown.
+    def lookup_calls(self, ids: list[str | None], *, has_format: bool = True) -> tuple[str | None, str]:
+        """(the exact text of an assistant turn's calls or None when any is unknown, the result counted).
         Calls that share one span (several calls in one marker block) give it once; separate spans
         are joined by a newline, as models write parallel calls."""
         self._maybe_gc()
@@ -59,11 +59,12 @@ class ReplayMap:
             raw = self.get(cid)
             if raw is None:
                 self.counts["miss"] += 1
-                return None
+                return None, "miss"
             if not spans or spans[-1] != raw:
                 spans.append(raw)
-        self.counts["hit" if has_format else "no_format"] += 1
-        return b"\n".join(spans).decode("utf-8", "replace")
+        result = "hit" if has_format else "no_format"
+        self.counts[result] += 1
+        return b"\n".join(spans).decode("utf-8", "replace"), result
 
     def gc(self) -> int:
         now = self.clock()

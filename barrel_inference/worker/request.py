@@ -21,7 +21,7 @@ class Request:
     __slots__ = (
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
-        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook",
+        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
         "t_submit", "t_start", "t_first", "t_end",
     )  # fmt: skip
 
@@ -51,6 +51,7 @@ class Request:
         self.pending_n = 0
         self.history: list[int] = []  # generated tokens that are in the KV cache
         self.hook = None  # ToolHook: tool-call and thinking capture between sampling and detokenising
+        self.tool_replay: dict[str, int] = {}  # replay-map lookups made for its prompt
         self.t_submit = time.perf_counter()
         self.t_start = 0.0
         self.t_first = 0.0
@@ -66,7 +67,8 @@ class Request:
             merge_parts(self.pending_parts, [TextPart(text)])
 
     def accepted(self, n_ctx: int) -> Accepted:
-        return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx)
+        return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx,
+                        tool_replay=self.tool_replay)  # fmt: skip
 
     def take_delta(self) -> Delta | None:
         if not self.pending_parts and not self.pending_n:

@@ -194,6 +194,7 @@ class WorkerServer:
         )  # fmt: skip
         if plan is not None:
             req.hook = plan.hook(tokens)
+            req.tool_replay = plan.replay
         self.scheduler.submit(req)
         return None
 

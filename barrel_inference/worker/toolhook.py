@@ -35,9 +35,10 @@ class PlanError(Exception):
 class Plan:
     """What one chat request needs: render arguments, a first grammar, and how to build its hook."""
 
-    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook")
+    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay")
 
-    def __init__(self, messages, tools, template_kwargs, grammar, hook):
+    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None):
+        self.replay = replay or {}  # replay-map lookups of this request: result -> count
         self.messages = messages
         self.tools = tools
         self.template_kwargs = template_kwargs
@@ -91,7 +92,8 @@ class ModelTools:
         kwargs = {k: v for k, v in (msg.template_kwargs or {}).items() if k not in _RESERVED}
         if choice is not None and choice != "none":
             kwargs.setdefault("tool_choice", choice)
-        messages = self._replayed(msg.messages or [])
+        replay: dict[str, int] = {}
+        messages = self._replayed(msg.messages or [], replay)
         if forces_call(choice):
             allowed = only(tools, choice)
             if not allowed:
@@ -130,9 +132,9 @@ class ModelTools:
             own = grammar is not None or msg.grammar is not None or msg.json_schema is not None  # a grammar already holds the reply
             return ToolHook(self, cap, span_grammar=None if own else span, thinking_budget=budget)
 
-        return Plan(messages, template_tools, kwargs, grammar, hook)
+        return Plan(messages, template_tools, kwargs, grammar, hook, replay)
 
-    def _replayed(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+    def _replayed(self, messages: list[ChatMessage], counts: dict[str, int]) -> list[ChatMessage]:
         """Assistant turns whose calls this worker wrote: their content becomes the exact bytes it
         generated, so the prompt is byte-stable from turn to turn."""
         if self.replay is None:
@@ -140,7 +142,8 @@ class ModelTools:
         out = []
         for m in messages:
             if m.role == "assistant" and m.tool_calls:
-                raw = self.replay.lookup_calls([c.id for c in m.tool_calls], has_format=self.fmt is not None)
+                raw, result = self.replay.lookup_calls([c.id for c in m.tool_calls], has_format=self.fmt is not None)
+                counts[result] = counts.get(result, 0) + 1
                 if raw is not None:
                     m = ChatMessage(role="assistant", content=m.content + raw, name=m.name, thinking=m.thinking)
             out.append(m)

@@ -59,6 +59,8 @@ def test_forced_call_then_replayed_history_across_a_restart(qwen, tmp_path):
         r2 = httpx.post(d.url + "/v1/chat/completions", json=second, timeout=120)
         assert r2.status_code == 200, r2.text
         assert replay_counts(d)["hit"] == 1
+        metrics = httpx.get(d.url + "/metrics", timeout=30).text
+        assert 'barrel_inference_tool_replay_lookups_total{model="qwen:latest",result="hit"} 1.0' in metrics
         # the history holds the bytes the model wrote, so the first turn's cache is reused past its prompt
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"]
 

@@ -22,15 +22,15 @@ def test_lookup_by_any_family_prefix_and_reopen(tmp_path):
     assert m.get("call_abc123") == SPAN and m.get("toolu_abc123") == SPAN and m.get("abc123") == SPAN
     m.close()
     again = ReplayMap(path)
-    assert again.lookup_calls(["call_abc123"]) == SPAN.decode()
+    assert again.lookup_calls(["call_abc123"]) == (SPAN.decode(), "hit")
     assert again.counts == {"hit": 1, "miss": 0, "no_format": 0}
 
 
 def test_a_turn_with_an_unknown_call_is_a_miss(tmp_path):
     m = ReplayMap(tmp_path / "r.sqlite")
     m.put("a", SPAN)
-    assert m.lookup_calls(["call_a", "call_b"]) is None
-    assert m.lookup_calls(["call_a"], has_format=False) == SPAN.decode()
+    assert m.lookup_calls(["call_a", "call_b"]) == (None, "miss")
+    assert m.lookup_calls(["call_a"], has_format=False) == (SPAN.decode(), "no_format")
     assert m.counts == {"hit": 0, "miss": 1, "no_format": 1}
 
 
@@ -40,8 +40,8 @@ def test_shared_spans_once_separate_spans_joined(tmp_path):
     m.put("b", b"[TOOL_CALLS] [1, 2]")
     m.put("c", b"<tool_call>x</tool_call>")
     m.put("d", b"<tool_call>y</tool_call>")
-    assert m.lookup_calls(["a", "b"]) == "[TOOL_CALLS] [1, 2]"
-    assert m.lookup_calls(["c", "d"]) == "<tool_call>x</tool_call>\n<tool_call>y</tool_call>"
+    assert m.lookup_calls(["a", "b"])[0] == "[TOOL_CALLS] [1, 2]"
+    assert m.lookup_calls(["c", "d"])[0] == "<tool_call>x</tool_call>\n<tool_call>y</tool_call>"
 
 
 def test_entries_expire_and_gc_runs_on_its_interval(tmp_path):
