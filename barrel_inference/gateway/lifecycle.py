@@ -37,7 +37,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..protocol import Accepted, Delta, Done, ErrorCode, ErrorInfo, FinishReason, Submit
-from .errors import GatewayError
+from .errors import GatewayError, with_retry_after
 from .family import Family
 from .generation import Generation, Result, record_rejected
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
@@ -158,7 +158,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     try:
         gen = await until_disconnect(request, opening)
     except GatewayError as exc:
-        return family.error_response(exc.info, headers=headers)
+        return family.error_response(exc.info, headers=with_retry_after(headers, exc))
     except ClientDisconnected:
         return Response(status_code=499)
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...protocol import Embed, Submit
-from ..errors import GatewayError, invalid
+from ..errors import GatewayError, invalid, with_retry_after
 from ..family import Family
 from starlette.requests import ClientDisconnect
 
@@ -80,7 +80,8 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
+    headers = {"x-request-id": request_id} if request_id else {}
+    return FAMILY.error_response(exc.info, headers=with_retry_after(headers, exc))
 
 
 async def embeddings(request: Request) -> Response:
