@@ -39,6 +39,11 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # tool calls and reasoning, where the pull-time scan guessed wrong: a format name (built-in or
+    # a [tool_call_formats] plugin) and the thinking markers; None: the manifest's (loader) values
+    tool_format: str | None = None
+    thinking_start: str | None = None
+    thinking_end: str | None = None
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout

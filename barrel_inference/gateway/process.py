@@ -83,6 +83,10 @@ def tool_argv(settings: Settings, record: Any) -> list[str]:
     """The worker's tool-call and thinking flags: the manifest's format and markers, the operator's
     format plugins, and the replay map's file under the model cache dir (or tool_replay_dir)."""
     loader = dict(getattr(record, "loader", None) or {})
+    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
+    for key in ("tool_format", "thinking_start", "thinking_end"):
+        if getattr(mine, key) is not None:
+            loader[key] = getattr(mine, key)
     argv: list[str] = []
     if loader.get("tool_format"):
         argv += ["--tool-format", str(loader["tool_format"])]
