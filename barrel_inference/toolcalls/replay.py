@@ -10,6 +10,7 @@ deleted at most every `gc_interval_ms`. Ids are family-neutral; a family's prefi
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class ReplayMap:
         self.ttl_ms = ttl_ms
         self.gc_interval_ms = gc_interval_ms
         self.clock = clock
+        self._lock = threading.RLock()  # one connection, used from the scheduler and preparation threads
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, raw BLOB NOT NULL, created_ms INTEGER NOT NULL)")
@@ -38,42 +40,49 @@ class ReplayMap:
         self.gc()
 
     def put(self, call_id: str, raw: bytes) -> None:
-        self.db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?)", (neutral_id(call_id), raw, self.clock()))
-        self._maybe_gc()
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?)", (neutral_id(call_id), raw, self.clock()))
+            self._maybe_gc()
 
     def get(self, call_id: str | None) -> bytes | None:
         if not call_id:
             return None
-        row = self.db.execute(
-            "SELECT raw FROM calls WHERE id = ? AND created_ms >= ?", (neutral_id(call_id), self.clock() - self.ttl_ms)
-        ).fetchone()
+        with self._lock:
+            row = self.db.execute(
+                "SELECT raw FROM calls WHERE id = ? AND created_ms >= ?", (neutral_id(call_id), self.clock() - self.ttl_ms)
+            ).fetchone()
         return bytes(row[0]) if row else None
 
     def lookup_calls(self, ids: list[str | None], *, has_format: bool = True) -> tuple[str | None, str]:
         """(the exact text of an assistant turn's calls or None when any is unknown, the result counted).
         Calls that share one span (several calls in one marker block) give it once; separate spans
         are joined by a newline, as models write parallel calls."""
-        self._maybe_gc()
+        with self._lock:
+            self._maybe_gc()
         spans: list[bytes] = []
         for cid in ids:
             raw = self.get(cid)
             if raw is None:
-                self.counts["miss"] += 1
+                with self._lock:
+                    self.counts["miss"] += 1
                 return None, "miss"
             if not spans or spans[-1] != raw:
                 spans.append(raw)
         result = "hit" if has_format else "no_format"
-        self.counts[result] += 1
+        with self._lock:
+            self.counts[result] += 1
         return b"\n".join(spans).decode("utf-8", "replace"), result
 
     def gc(self) -> int:
-        now = self.clock()
-        self._last_gc = now
-        return self.db.execute("DELETE FROM calls WHERE created_ms < ?", (now - self.ttl_ms,)).rowcount
+        with self._lock:
+            now = self.clock()
+            self._last_gc = now
+            return self.db.execute("DELETE FROM calls WHERE created_ms < ?", (now - self.ttl_ms,)).rowcount
 
     def _maybe_gc(self) -> None:
         if self.clock() - self._last_gc >= self.gc_interval_ms:
             self.gc()
 
     def close(self) -> None:
-        self.db.close()
+        with self._lock:
+            self.db.close()

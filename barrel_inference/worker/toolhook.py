@@ -35,10 +35,13 @@ class PlanError(Exception):
 class Plan:
     """What one chat request needs: render arguments, a first grammar, and how to build its hook."""
 
-    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay")
+    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay", "replayed")
 
-    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None):
+    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None, replayed=()):
         self.replay = replay or {}  # replay-map lookups of this request: result -> count
+        # indices (in `messages`) of assistant turns whose content is the model's own replayed bytes:
+        # markers in them are the model's control tokens, to be tokenised with special parsing
+        self.replayed = set(replayed)
         self.messages = messages
         self.tools = tools
         self.template_kwargs = template_kwargs
@@ -93,7 +96,8 @@ class ModelTools:
         if choice is not None and choice != "none":
             kwargs.setdefault("tool_choice", choice)
         replay: dict[str, int] = {}
-        messages = self._replayed(msg.messages or [], replay)
+        replayed: set[int] = set()
+        messages = self._replayed(msg.messages or [], replay, replayed)
         if forces_call(choice):
             allowed = only(tools, choice)
             if not allowed:
@@ -118,6 +122,8 @@ class ModelTools:
                 required = forces_call(choice)
                 grammar = generic_grammar(allowed, self._to_gbnf, required=required, parallel=parallel)
                 note = fmt.system_prompt(allowed, required=required, parallel=parallel)
+                if not (messages and messages[0].role == "system"):
+                    replayed = {i + 1 for i in replayed}  # a system message goes in front
                 messages = _with_system(messages, note)
                 template_tools = None
         except EngineError as exc:
@@ -132,9 +138,9 @@ class ModelTools:
             own = grammar is not None or msg.grammar is not None or msg.json_schema is not None  # a grammar already holds the reply
             return ToolHook(self, cap, span_grammar=None if own else span, thinking_budget=budget)
 
-        return Plan(messages, template_tools, kwargs, grammar, hook, replay)
+        return Plan(messages, template_tools, kwargs, grammar, hook, replay, replayed)
 
-    def _replayed(self, messages: list[ChatMessage], counts: dict[str, int]) -> list[ChatMessage]:
+    def _replayed(self, messages: list[ChatMessage], counts: dict[str, int], replayed: set[int]) -> list[ChatMessage]:
         """Assistant turns whose calls this worker wrote: their content becomes the exact bytes it
         generated, so the prompt is byte-stable from turn to turn."""
         if self.replay is None:
@@ -146,6 +152,7 @@ class ModelTools:
                 counts[result] = counts.get(result, 0) + 1
                 if raw is not None:
                     m = ChatMessage(role="assistant", content=m.content + raw, name=m.name, thinking=m.thinking)
+                    replayed.add(len(out))
             out.append(m)
         return out
 

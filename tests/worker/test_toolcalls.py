@@ -217,7 +217,7 @@ def test_replay_renders_the_captured_bytes_across_restarts(models, tmp_path):
         plan = w2.tools.plan(Submit(id="y", messages=history, tools=TOOLS))
         text = w2.server.prompts.render(plan.messages, plan.tools, True, plan.template_kwargs)
         assert "<|im_start|>assistant\n" + call["end"].raw + "<|im_end|>" in text
-        assert w2.tools.replay.counts["hit"] == 1
+        assert w2.tools.replay.counts["hit"] == 1 and plan.replayed == {1}
         unknown = [*history[:1], ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", "{}", "call_zzz")])]
         w2.tools.plan(Submit(id="z", messages=unknown, tools=TOOLS))
         assert w2.tools.replay.counts["miss"] == 1
