@@ -14,6 +14,7 @@ from barrel_inference.protocol import (
 )  # fmt: skip
 from barrel_inference.toolcalls.replay import ReplayMap
 from barrel_inference.worker.engine import LlamaEngine
+from barrel_inference.worker.engine_profile import resolve
 from barrel_inference.worker.scheduler import Scheduler
 from barrel_inference.worker.server import WorkerServer
 from barrel_inference.worker.templates import ChatTemplate
@@ -41,7 +42,8 @@ class Worker:
     """A WorkerServer in-process: requests go through its _submit, ticks to a collector."""
 
     def __init__(self, path, *, template=None, thinking=None, replay=None, tool_format=None):
-        self.engine = LlamaEngine(str(path), n_ctx=4096, n_seq_max=2, n_batch=512, threads=1)
+        extra = resolve("default", "auto").extra_buffers  # off on CPUs whose repacked layouts crash llama.cpp
+        self.engine = LlamaEngine(str(path), n_ctx=4096, n_seq_max=2, n_batch=512, threads=1, extra_buffers=extra)
         bos, eos = self.engine.token_text(self.engine.bos), self.engine.token_text(self.engine.eos)
         tmpl = ChatTemplate.choose(template, self.engine.chat_template, self.engine.architecture, bos, eos)
         self.tools = ModelTools(self.engine, tmpl.source, tool_format=tool_format, thinking=thinking, replay=replay)
@@ -223,3 +225,18 @@ def test_replay_renders_the_captured_bytes_across_restarts(models, tmp_path):
         assert w2.tools.replay.counts["miss"] == 1
     finally:
         w2.close()
+
+
+@pytest.mark.gemma
+def test_gemma_without_a_tool_format_calls_through_the_generic_one(gemma_gguf):
+    w = Worker(gemma_gguf)
+    try:
+        assert w.tools.fmt is None  # no template of its own: the built-in Gemma one, which shows no tool format
+        parts, done, _ = w.run(tools=TOOLS, tool_choice="required", max_tokens=120, parallel_tool_calls=False)
+        assert done.finish_reason is FinishReason.TOOL_CALLS, (done, parts)
+        [call] = calls(parts)
+        jsonschema.validate(json.loads(call["args"]), CITY if call["name"] == "get_weather" else TZ)
+        parts, done, _ = w.run(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=120)
+        assert done.finish_reason is FinishReason.TOOL_CALLS and [c["name"] for c in calls(parts)] == ["get_time"]
+    finally:
+        w.close()
