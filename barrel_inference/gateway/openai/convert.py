@@ -230,12 +230,14 @@ CALL_PREFIX = "call_"
 def tool_calls_json(parts: list) -> list[dict]:
     """The completed tool calls among `parts`, as OpenAI's message.tool_calls."""
     calls: dict[int, dict] = {}
+    ended: set[int] = set()
     for p in parts:
         if type(p) is ToolCallStart:
             calls[p.index] = {"id": CALL_PREFIX + p.id, "type": "function", "function": {"name": p.name, "arguments": ""}}
         elif type(p) is ToolCallEnd and p.index in calls:
             calls[p.index]["function"]["arguments"] = p.arguments
-    return [calls[i] for i in sorted(calls)]
+            ended.add(p.index)
+    return [calls[i] for i in sorted(ended)]  # a call without its end never completed: not a call
 
 
 def chat_response(request_id: str, model: str, created: int, text: str, done: Done, parts: list | None = None) -> dict:
