@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from array import array
 from pathlib import Path
 
 RESULTS = ("hit", "miss", "no_format")
@@ -35,43 +36,57 @@ class ReplayMap:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, raw BLOB NOT NULL, created_ms INTEGER NOT NULL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS calls_created ON calls (created_ms)")
+        if "tokens" not in {row[1] for row in self.db.execute("PRAGMA table_info(calls)")}:
+            self.db.execute("ALTER TABLE calls ADD COLUMN tokens BLOB")  # int32 token ids, where they spell raw exactly
         self.counts = dict.fromkeys(RESULTS, 0)
         self._last_gc = 0
         self.gc()
 
-    def put(self, call_id: str, raw: bytes) -> None:
+    def put(self, call_id: str, raw: bytes, tokens: list[int] | None = None) -> None:
+        """raw: the span's exact bytes; tokens: the model's tokens that spell them, where known."""
+        blob = array("i", tokens).tobytes() if tokens else None
         with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?)", (neutral_id(call_id), raw, self.clock()))
+            self.db.execute("INSERT OR REPLACE INTO calls (id, raw, created_ms, tokens) VALUES (?, ?, ?, ?)",
+                            (neutral_id(call_id), raw, self.clock(), blob))  # fmt: skip
             self._maybe_gc()
 
     def get(self, call_id: str | None) -> bytes | None:
+        entry = self.entry(call_id)
+        return entry[0] if entry else None
+
+    def entry(self, call_id: str | None) -> tuple[bytes, list[int] | None] | None:
+        """(raw bytes, tokens or None) of a live entry."""
         if not call_id:
             return None
         with self._lock:
             row = self.db.execute(
-                "SELECT raw FROM calls WHERE id = ? AND created_ms >= ?", (neutral_id(call_id), self.clock() - self.ttl_ms)
+                "SELECT raw, tokens FROM calls WHERE id = ? AND created_ms >= ?", (neutral_id(call_id), self.clock() - self.ttl_ms)
             ).fetchone()
-        return bytes(row[0]) if row else None
+        if not row:
+            return None
+        return bytes(row[0]), (array("i", bytes(row[1])).tolist() if row[1] else None)
 
-    def lookup_calls(self, ids: list[str | None], *, has_format: bool = True) -> tuple[str | None, str]:
-        """(the exact text of an assistant turn's calls or None when any is unknown, the result counted).
-        Calls that share one span (several calls in one marker block) give it once; separate spans
-        are joined by a newline, as models write parallel calls."""
+    def lookup_calls(self, ids: list[str | None], *, has_format: bool = True) -> tuple[str | None, list[int] | None, str]:
+        """(the exact text of an assistant turn's calls or None when any is unknown, the model's tokens
+        of that text where known (one span only), the result counted). Calls that share one span
+        (several calls in one marker block) give it once; separate spans are joined by a newline,
+        as models write parallel calls."""
         with self._lock:
             self._maybe_gc()
-        spans: list[bytes] = []
+        spans: list[tuple[bytes, list[int] | None]] = []
         for cid in ids:
-            raw = self.get(cid)
-            if raw is None:
+            entry = self.entry(cid)
+            if entry is None:
                 with self._lock:
                     self.counts["miss"] += 1
-                return None, "miss"
-            if not spans or spans[-1] != raw:
-                spans.append(raw)
+                return None, None, "miss"
+            if not spans or spans[-1][0] != entry[0]:
+                spans.append(entry)
         result = "hit" if has_format else "no_format"
         with self._lock:
             self.counts[result] += 1
-        return b"\n".join(spans).decode("utf-8", "replace"), result
+        tokens = spans[0][1] if len(spans) == 1 else None
+        return b"\n".join(raw for raw, _ in spans).decode("utf-8", "replace"), tokens, result
 
     def gc(self) -> int:
         with self._lock:

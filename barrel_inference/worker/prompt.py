@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+import msgspec
+
 from ..protocol import ErrorCode, Submit
 from .engine_api import Engine, EngineError
 from .templates import ChatTemplate, TemplateError
@@ -41,9 +45,11 @@ class PromptBuilder:
                 raise PromptError(ErrorCode.INVALID_REQUEST, "messages must not be empty", "messages")
             if plan is not None:
                 text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+                toks = self.spliced(text, msg, plan)
+                if toks is None:
+                    toks = self.tokenize_rendered(text)
             else:
-                text = self.render(msg.messages, msg.tools, msg.add_generation_prompt)
-            toks = self.tokenize_rendered(text)
+                toks = self.tokenize_rendered(self.render(msg.messages, msg.tools, msg.add_generation_prompt))
         elif msg.prompt is not None:
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)
         elif msg.prompt_tokens is not None:
@@ -63,6 +69,39 @@ class PromptBuilder:
                 "messages" if msg.messages is not None else "prompt",
             )
         return toks
+
+    def spliced(self, plain: str, msg: Submit, plan) -> list[int] | None:
+        """The prompt with each replayed turn's span as the very tokens the model wrote (re-tokenising
+        the same bytes may split them otherwise, and then the KV cache of that turn is not reused).
+        None when no replayed turn has tokens, or the template does not print the content as is."""
+        marks: dict[str, tuple[str, list[int]]] = {}
+        messages = list(plan.messages)
+        for i, (raw, toks) in plan.replayed.items():
+            m = messages[i]
+            if not toks or not m.content.endswith(raw):
+                continue
+            mark = f"\x00replay-{i}\x00"
+            messages[i] = msgspec.structs.replace(m, content=m.content[: len(m.content) - len(raw)] + mark)
+            marks[mark] = (raw, toks)
+        if not marks:
+            return None
+        marked = self.render(messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+        splitter = re.compile("(" + "|".join(re.escape(k) for k in marks) + ")")
+        pieces = splitter.split(marked)  # text, mark, text, mark, ..., text
+        found = pieces[1::2]
+        if sorted(found) != sorted(marks) or "".join(marks[p][0] if p in marks else p for p in pieces) != plain:
+            return None
+        bos = self.template.bos_token
+        add = self.engine.add_bos and not (bos and plain.startswith(bos))
+        out: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2:
+                out += marks[piece][1]
+            elif piece:
+                out += self.engine.tokenize(piece, add_special=add and k == 0, parse_special=True)
+            elif k == 0 and add:
+                out += self.engine.tokenize("", add_special=True, parse_special=True)
+        return out
 
     def grammar(self, msg: Submit) -> str | None:
         if msg.grammar is not None:

@@ -37,11 +37,12 @@ class Plan:
 
     __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay", "replayed")
 
-    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None, replayed=()):
+    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None, replayed=None):
         self.replay = replay or {}  # replay-map lookups of this request: result -> count
-        # indices (in `messages`) of assistant turns whose content is the model's own replayed bytes:
-        # markers in them are the model's control tokens, to be tokenised with special parsing
-        self.replayed = set(replayed)
+        # assistant turns (index in `messages`) whose content ends with the model's own replayed bytes:
+        # index -> (those bytes as text, the model's tokens of them or None). Markers in them are the
+        # model's control tokens; where the tokens are known the prompt splices them in as they were.
+        self.replayed: dict[int, tuple[str, list[int] | None]] = dict(replayed or {})
         self.messages = messages
         self.tools = tools
         self.template_kwargs = template_kwargs
@@ -96,7 +97,7 @@ class ModelTools:
         if choice is not None and choice != "none":
             kwargs.setdefault("tool_choice", choice)
         replay: dict[str, int] = {}
-        replayed: set[int] = set()
+        replayed: dict[int, tuple[str, list[int] | None]] = {}
         messages = self._replayed(msg.messages or [], replay, replayed)
         if forces_call(choice):
             allowed = only(tools, choice)
@@ -123,7 +124,7 @@ class ModelTools:
                 grammar = generic_grammar(allowed, self._to_gbnf, required=required, parallel=parallel)
                 note = fmt.system_prompt(allowed, required=required, parallel=parallel)
                 if not (messages and messages[0].role == "system"):
-                    replayed = {i + 1 for i in replayed}  # a system message goes in front
+                    replayed = {i + 1: v for i, v in replayed.items()}  # a system message goes in front
                 messages = _with_system(messages, note)
                 template_tools = None
         except EngineError as exc:
@@ -140,7 +141,7 @@ class ModelTools:
 
         return Plan(messages, template_tools, kwargs, grammar, hook, replay, replayed)
 
-    def _replayed(self, messages: list[ChatMessage], counts: dict[str, int], replayed: set[int]) -> list[ChatMessage]:
+    def _replayed(self, messages: list[ChatMessage], counts: dict[str, int], replayed: dict) -> list[ChatMessage]:
         """Assistant turns whose calls this worker wrote: their content becomes the exact bytes it
         generated, so the prompt is byte-stable from turn to turn."""
         if self.replay is None:
@@ -148,11 +149,11 @@ class ModelTools:
         out = []
         for m in messages:
             if m.role == "assistant" and m.tool_calls:
-                raw, result = self.replay.lookup_calls([c.id for c in m.tool_calls], has_format=self.fmt is not None)
+                raw, raw_tokens, result = self.replay.lookup_calls([c.id for c in m.tool_calls], has_format=self.fmt is not None)
                 counts[result] = counts.get(result, 0) + 1
                 if raw is not None:
                     m = ChatMessage(role="assistant", content=m.content + raw, name=m.name, thinking=m.thinking)
-                    replayed.add(len(out))
+                    replayed[len(out)] = (raw, raw_tokens)
             out.append(m)
         return out
 
@@ -167,7 +168,7 @@ def _with_system(messages: list[ChatMessage], note: str) -> list[ChatMessage]:
 class ToolHook:
     """One request's capture, between sampling and detokenising."""
 
-    __slots__ = ("tools", "capture", "span_grammar", "budget", "forced")
+    __slots__ = ("tools", "capture", "span_grammar", "budget", "forced", "generated", "span_from", "call_tokens")
 
     def __init__(self, tools: ModelTools, capture: Capture, *, span_grammar: str | None, thinking_budget: int | None):
         self.tools = tools
@@ -175,6 +176,9 @@ class ToolHook:
         self.span_grammar = span_grammar
         self.budget = thinking_budget
         self.forced: deque[int] = deque()  # tokens to decode instead of sampling (the end of a thinking span)
+        self.generated: list[int] = []  # the tokens fed so far
+        self.span_from = -1  # index in `generated` of the token that opened the current call span
+        self.call_tokens: dict[int, list[int] | None] = {}  # call index -> the tokens of its span, where exact
 
     def _pass(self, r, parts) -> str | None:
         """Parts to the request's output; text through its stop sequences. Returns a matched stop."""
@@ -193,7 +197,12 @@ class ToolHook:
         """After sampling `tok` (not an end-of-generation token): (an early end, a matched stop)."""
         cap = self.capture
         was_in_call = cap.in_call
+        n_calls = len(cap.calls)
+        self.generated.append(tok)
         cap.feed(self.tools.piece(tok), tok)
+        if cap.in_call and not was_in_call:
+            self.span_from = len(self.generated) - 1
+        self._span_tokens(n_calls, len(self.generated), was_in_call)
         stop = self._pass(r, cap.take())
         if stop is not None:
             return FinishReason.STOP, stop
@@ -212,15 +221,31 @@ class ToolHook:
             self.budget = None
         return None, None
 
+    def _span_tokens(self, n_before: int, upto: int, was_in_call: bool) -> None:
+        """Calls completed by the last token: the tokens of their span, kept where they spell exactly
+        its bytes (the replay map then gives a later prompt the very tokens the model wrote)."""
+        cap = self.capture
+        if len(cap.calls) == n_before:
+            return
+        start = self.span_from if was_in_call or self.span_from >= 0 else -1
+        toks = self.generated[start:upto] if start >= 0 else None
+        if toks is not None and b"".join(self.tools.piece(t) for t in toks) != cap.calls[n_before].raw:
+            toks = None
+        for c in cap.calls[n_before:]:
+            self.call_tokens[c.index] = toks
+        self.span_from = -1
+
     def finish(self, r, reason: FinishReason, *, eog: bool) -> FinishReason:
         cap = self.capture
+        n_calls, was_in_call = len(cap.calls), cap.in_call
         end = cap.finish(reason, eog=eog)
+        self._span_tokens(n_calls, len(self.generated), was_in_call)
         self._pass(r, cap.take())
         r.emit_text(r.stops.flush())
         replay = self.tools.replay
         if replay is not None and end is not FinishReason.ERROR:
             for c in cap.calls:
-                replay.put(c.id, c.raw)
+                replay.put(c.id, c.raw, self.call_tokens.get(c.index))
         return end
 
     @property

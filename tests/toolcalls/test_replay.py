@@ -22,15 +22,15 @@ def test_lookup_by_any_family_prefix_and_reopen(tmp_path):
     assert m.get("call_abc123") == SPAN and m.get("toolu_abc123") == SPAN and m.get("abc123") == SPAN
     m.close()
     again = ReplayMap(path)
-    assert again.lookup_calls(["call_abc123"]) == (SPAN.decode(), "hit")
+    assert again.lookup_calls(["call_abc123"]) == (SPAN.decode(), None, "hit")
     assert again.counts == {"hit": 1, "miss": 0, "no_format": 0}
 
 
 def test_a_turn_with_an_unknown_call_is_a_miss(tmp_path):
     m = ReplayMap(tmp_path / "r.sqlite")
     m.put("a", SPAN)
-    assert m.lookup_calls(["call_a", "call_b"]) == (None, "miss")
-    assert m.lookup_calls(["call_a"], has_format=False) == (SPAN.decode(), "no_format")
+    assert m.lookup_calls(["call_a", "call_b"]) == (None, None, "miss")
+    assert m.lookup_calls(["call_a"], has_format=False) == (SPAN.decode(), None, "no_format")
     assert m.counts == {"hit": 0, "miss": 1, "no_format": 1}
 
 
@@ -55,3 +55,12 @@ def test_entries_expire_and_gc_runs_on_its_interval(tmp_path):
     assert m.db.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 1
     m.put("b", SPAN)  # a put after the interval runs the GC
     assert m.db.execute("SELECT id FROM calls").fetchall() == [("b",)]
+
+
+def test_tokens_are_kept_beside_the_bytes(tmp_path):
+    m = ReplayMap(tmp_path / "r.sqlite")
+    m.put("a", SPAN, [267, 90000, 5, 268])
+    m.put("b", SPAN)
+    assert m.entry("call_a") == (SPAN, [267, 90000, 5, 268])
+    assert m.lookup_calls(["a"]) == (SPAN.decode(), [267, 90000, 5, 268], "hit")
+    assert m.lookup_calls(["b"])[1] is None

@@ -219,7 +219,13 @@ def test_replay_renders_the_captured_bytes_across_restarts(models, tmp_path):
         plan = w2.tools.plan(Submit(id="y", messages=history, tools=TOOLS))
         text = w2.server.prompts.render(plan.messages, plan.tools, True, plan.template_kwargs)
         assert "<|im_start|>assistant\n" + call["end"].raw + "<|im_end|>" in text
-        assert w2.tools.replay.counts["hit"] == 1 and plan.replayed == {1}
+        assert w2.tools.replay.counts["hit"] == 1 and list(plan.replayed) == [1]
+        raw, toks = plan.replayed[1]
+        assert raw == call["end"].raw and toks and toks[0] == w2.tools.marker_ids["<tool_call>"]
+        assert b"".join(w2.tools.piece(t) for t in toks) == raw.encode()  # the model's own tokens of the span
+        prompt = w2.server.prompts.tokens(Submit(id="y", messages=history, tools=TOOLS), plan)
+        at = next(i for i in range(len(prompt)) if prompt[i : i + len(toks)] == toks)  # spliced in whole
+        assert w2.engine.detokenize(prompt, special=True) == text and at > 0
         unknown = [*history[:1], ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", "{}", "call_zzz")])]
         w2.tools.plan(Submit(id="z", messages=unknown, tools=TOOLS))
         assert w2.tools.replay.counts["miss"] == 1
