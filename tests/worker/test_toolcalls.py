@@ -246,3 +246,16 @@ def test_gemma_without_a_tool_format_calls_through_the_generic_one(gemma_gguf):
         assert done.finish_reason is FinishReason.TOOL_CALLS and [c["name"] for c in calls(parts)] == ["get_time"]
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("flavour, fmt, start", [("mistral", "mistral-tool-calls-args", "[TOOL_CALLS]"), ("qwen2.5", "dsml", "<｜tool▁calls▁begin｜>")])
+def test_formats_with_the_name_outside_the_json_are_constrained_too(models, flavour, fmt, start):
+    w = Worker(models[flavour], tool_format=fmt)
+    try:
+        parts, done, _ = w.run(tools=TOOLS, tool_choice="required", max_tokens=400, parallel_tool_calls=False)  # markers spelled byte by byte here
+        assert done.finish_reason is FinishReason.TOOL_CALLS, (done, parts)
+        [call] = calls(parts)
+        jsonschema.validate(json.loads(call["args"]), CITY if call["name"] == "get_weather" else TZ)
+        assert call["end"].raw.startswith(start)
+    finally:
+        w.close()
