@@ -44,7 +44,13 @@ class PromptBuilder:
             if not msg.messages:
                 raise PromptError(ErrorCode.INVALID_REQUEST, "messages must not be empty", "messages")
             if plan is not None:
-                text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+                try:
+                    text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+                except PromptError:
+                    if plan.unreplayed is None:
+                        raise
+                    plan.messages, plan.replayed, plan.unreplayed = plan.unreplayed, {}, None  # as the client sent it
+                    text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
                 toks = self.spliced(text, msg, plan)
                 if toks is None:
                     toks = self.tokenize_rendered(text)

@@ -259,3 +259,42 @@ def test_formats_with_the_name_outside_the_json_are_constrained_too(models, flav
         assert call["end"].raw.startswith(start)
     finally:
         w.close()
+
+
+def test_mistral_history_with_calls_renders_with_nine_character_ids(workers):
+    w = workers["mistral"]
+    history = USER + [
+        ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_0123456789abcdef01234567")]),
+        ChatMessage(role="tool", content="sunny", tool_call_id="call_0123456789abcdef01234567"),
+        ChatMessage(role="assistant", content="It is sunny."),
+        ChatMessage(role="user", content="And Rome?"),
+    ]
+    plan = w.tools.plan(Submit(id="m", messages=history, tools=TOOLS))
+    text = w.server.prompts.render(plan.messages, plan.tools, True, plan.template_kwargs)  # the template checks the ids
+    short = plan.messages[1].tool_calls[0].id
+    assert len(short) == 9 and short.isalnum() and plan.messages[2].tool_call_id == short
+    assert f'"call_id": "{short}"' in text and "[TOOL_CALLS] [" in text
+    assert w.tools.plan(Submit(id="m2", messages=history, tools=TOOLS)).messages[1].tool_calls[0].id == short  # stable
+    assert not workers["qwen2.5"].tools.short_ids
+
+
+def test_a_template_that_refuses_the_replayed_form_gets_the_history_as_sent(models, tmp_path):
+    replay = ReplayMap(tmp_path / "r.sqlite")
+    w = Worker(models["mistral"], replay=replay)
+    try:
+        replay.put("abc", b'[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]')
+        history = USER + [
+            ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_abc")]),
+            ChatMessage(role="tool", content="sunny", tool_call_id="call_abc"),
+            ChatMessage(role="assistant", content="It is sunny."),
+            ChatMessage(role="user", content="And Rome?"),
+        ]
+        msg = Submit(id="m", messages=history, tools=TOOLS)
+        plan = w.tools.plan(msg)
+        assert list(plan.replayed) == [1]  # replayed, but Mistral's template wants the roles to alternate
+        toks = w.server.prompts.tokens(msg, plan)
+        assert plan.replayed == {} and plan.messages[1].tool_calls  # so it rendered the turn as sent
+        assert "[TOOL_CALLS] [" in w.engine.detokenize(toks, special=True)
+    finally:
+        w.close()
+        replay.close()
