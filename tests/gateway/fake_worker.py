@@ -8,6 +8,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
   CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
@@ -143,6 +144,8 @@ class FakeWorker:
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
+            if "NOEMBED" in msg.inputs:
+                return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
             vecs = []
             for item in msg.inputs:
                 n = len(item) if isinstance(item, list) else len(item.split())
