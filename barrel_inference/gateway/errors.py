@@ -51,4 +51,3 @@ class WorkerCrashed(GatewayError):
         super().__init__(ErrorCode.WORKER_UNAVAILABLE, message, retryable=True)
         self.signal = signal
         self.extra_buffers = extra_buffers
-
