@@ -81,6 +81,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     embed_default_model: bool = True  # register the packaged Gemma 3 270M when no model exists
     max_queue: int = 256  # waiting requests per model before 503 overloaded, where [defaults] / [models] do not say
     max_request_body_bytes: int = 256 * 1024 * 1024  # larger request bodies get 413 (checked while reading)
+    # the Responses API's store (previous_response_id, GET/DELETE /v1/responses/{id}): "sqlite" (a file
+    # under the cache dir, kept across restarts), "memory", or "package.module:Class" (a shared store)
+    responses_store: str = "sqlite"
+    responses_store_path: str | None = None  # default: responses.sqlite3 beside the model cache dir
+    responses_store_ttl_ms: int = 3_600_000  # a stored response expires an hour after it was made
+    responses_store_max_bytes: int = 256 * 1024 * 1024  # least recently used out first past this
     heartbeat_interval: float = 5.0  # seconds between pings to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long (no tick, reply or pong) is lost and restarted
     worker_start_timeout: float = 120.0

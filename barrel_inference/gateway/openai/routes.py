@@ -125,6 +125,12 @@ def _created(record: Any) -> int:
     return int(modified)
 
 
+def responses_routes() -> list[Route]:
+    from .responses_routes import routes as responses
+
+    return responses()
+
+
 def routes() -> list[Route]:
     return [
         Route("/v1/chat/completions", endpoint(ChatAdapter()), methods=["POST"]),
@@ -132,6 +138,7 @@ def routes() -> list[Route]:
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        *responses_routes(),
     ]
 
 
