@@ -38,6 +38,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # true: control tokens are parsed inside message contents too (a user's "<start_of_turn>" opens a
+    # turn); the default recognises them in the chat template's own text only
+    content_special: bool | None = None
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:

@@ -42,6 +42,7 @@ _FLAGS = {
     "main_gpu": "--main-gpu",
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
+    "content_special": "--content-special",
 }
 
 

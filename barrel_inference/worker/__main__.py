@@ -35,6 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--content-special", type=_truth, default=False, metavar="true|false",
+                   help="parse control tokens inside message contents too (the old, injectable behaviour)")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
         return 2
     n_ctx = min(args.n_ctx, engine.n_ctx)
     server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
-                          prefill_chunk=args.prefill_chunk, log=_log)  # fmt: skip
+                          prefill_chunk=args.prefill_chunk, log=_log, content_special=args.content_special)  # fmt: skip
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx,

@@ -15,7 +15,7 @@ import llama_cpp as L
 import numpy as np
 
 from ..protocol import Sampling
-from .engine_api import EngineError
+from .engine_api import EmbedAborted, EngineError
 
 _BACKEND_LOCK = threading.Lock()
 _BACKEND_READY = False
@@ -110,9 +110,20 @@ class LlamaEngine:
         self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self._piece_cache: dict[int, bytes] = {}
         self._eog = [False] * self.n_vocab
+        self.control_tokens: dict[str, int] = {}  # control tokens by text: recognised in template text only
+        longest = 1
+        control = L.LLAMA_TOKEN_ATTR_CONTROL
         for t in range(self.n_vocab):
             if L.llama_vocab_is_eog(self.vocab, t):
                 self._eog[t] = True
+            text = L.llama_vocab_get_text(self.vocab, t) or b""
+            if L.llama_vocab_get_attr(self.vocab, t) & control:
+                if text:
+                    self.control_tokens.setdefault(text.decode("utf-8", "replace"), t)
+            elif len(text) > longest:
+                longest = len(text)
+        # no token covers more characters than its vocabulary text has bytes (a bound for prompt checks)
+        self.max_token_chars = longest
         self.ctx = None
         self._embed_ctx = None
         self._embed_batch = None
@@ -241,8 +252,11 @@ class LlamaEngine:
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
 
     # ---- embeddings ---------------------------------------------------------------------
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised embeddings, from a second context made on first use."""
+    def embed(self, texts: list[str], cancelled=None) -> tuple[list[list[float]], int]:
+        """Mean-pooled, L2-normalised embeddings, from a second context made on first use.
+
+        Runs on the worker's embedding thread (its own context); `cancelled()` is asked before each
+        input, and EmbedAborted raised when it says so."""
         if self._embed_ctx is None:
             cp = L.llama_context_default_params()
             cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
@@ -259,6 +273,8 @@ class LlamaEngine:
         n_embd = L.llama_model_n_embd(self.model)
         out, total = [], 0
         for i, text in enumerate(texts):
+            if cancelled is not None and cancelled():
+                raise EmbedAborted()
             toks = self.tokenize(text, add_special=True, parse_special=False)
             if not toks:
                 raise EngineError("invalid_request", f"input[{i}] is empty")

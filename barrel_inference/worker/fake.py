@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from ..protocol import Sampling
-from .engine_api import EngineError
+from .engine_api import EmbedAborted, EngineError
 
 TEXT = "the quick brown fox jumps over the lazy dog "
 EOS = 256
@@ -31,7 +31,7 @@ class FakeEngine:
     add_bos = False
     n_swa = 0
 
-    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, **_):
+    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0, **_):
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx
         self.n_seq_max = n_seq_max
@@ -39,6 +39,8 @@ class FakeEngine:
         self.n_vocab = 257
         self.tick_seconds = 1.0 / tps if tps > 0 else 0.0
         self._text = TEXT.encode()
+        self.embed_seconds = embed_seconds  # time each embedding input takes
+        self.max_token_chars = 1
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
@@ -73,9 +75,13 @@ class FakeEngine:
     def grammar_from_schema(self, schema: dict) -> str:
         return "root ::= \"{}\""
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+    def embed(self, texts: list[str], cancelled=None) -> tuple[list[list[float]], int]:
         vecs = []
         for t in texts:
+            if cancelled is not None and cancelled():
+                raise EmbedAborted()
+            if self.embed_seconds:
+                time.sleep(self.embed_seconds)
             counts = [0.0] * 8
             for b in t.encode():
                 counts[b % 8] += 1.0

@@ -2,24 +2,34 @@
 
 The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
 while there is work, blocking briefly when idle), and it sends each tick's output itself. One
-thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
-render, stats) are answered between ticks. The main thread only waits for a stop signal.
+thread, no hand-over between threads and no GIL ping-pong on the token path. The main thread only
+waits for a stop signal.
+
+Nothing whose cost grows with the input runs on the scheduler thread: a Submit's rendering,
+tokenising and grammar (converted, bounded and compiled into its sampler) are prepared on a
+preparation thread, calls (tokenize, render, count_tokens) on the same pool and embeddings on a
+thread of their own. Their results come back through an outbox the scheduler thread sends from
+(a pipe wakes it). An Abort reaches work still being prepared or computed: a request aborted while
+prepared ends with Done(abort) instead of being scheduled, an embedding stops between inputs.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
 import zmq
 
 from ..protocol import (
-    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, ErrorCode, ErrorInfo, Hello, Ping, Pong,
-    Submit, Tick, WorkerCodec,
+    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, Done, EndSession, ErrorCode, ErrorInfo, FinishReason, Hello,
+    Ping, Pong, Submit, Tick, WorkerCodec,
 )  # fmt: skip
 from .engine_api import Engine, EngineError
+from .engine_api import EmbedAborted
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -30,7 +40,8 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, content_special: bool = False,
+                 prep_threads: int = 2):  # fmt: skip
         self.engine = engine
         self.template = template
         self.model = model
@@ -39,8 +50,17 @@ class WorkerServer:
         self.log = log or (lambda *a, **k: None)
         self.codec = WorkerCodec()
         self.zctx = zmq.Context.instance()
-        self.prompts = PromptBuilder(engine, template, n_ctx, model)
+        self.prompts = PromptBuilder(engine, template, n_ctx, model, content_special=content_special)
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
+        self._prep = ThreadPoolExecutor(max(1, prep_threads), thread_name_prefix="prepare")
+        self._embedder = ThreadPoolExecutor(1, thread_name_prefix="embed")
+        self._lock = threading.Lock()
+        self._pending: set[tuple[bytes, str]] = set()  # (peer, id) being prepared or computed off the scheduler thread
+        self._cancelled: set[tuple[bytes, str]] = set()
+        self._outbox: deque[tuple[bytes, object]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
         self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
@@ -54,9 +74,12 @@ class WorkerServer:
 
     def _pump(self, block: bool) -> None:
         router = self._router
-        if block and not router.poll(IDLE_POLL_MS):
-            self._check_parent()
-            return
+        if block and not self._outbox:
+            events = dict(self._poller.poll(IDLE_POLL_MS))
+            if not events:
+                self._check_parent()
+                return
+        self._drain_wake()
         while True:
             try:
                 peer, body = router.recv_multipart(zmq.NOBLOCK)
@@ -67,7 +90,34 @@ class WorkerServer:
             reply = self.handle(peer, body)
             if reply is not None:
                 router.send_multipart([peer, self.codec.encode(reply)])
+        self._flush_outbox()
         self._check_parent()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: the scheduler thread is being woken anyway
+
+    def _post_out(self, peer: bytes, msg) -> None:
+        """From a preparation thread: a reply the scheduler thread sends."""
+        self._outbox.append((peer, msg))
+        self._wake()
+
+    def _flush_outbox(self) -> None:
+        while self._outbox:
+            peer, msg = self._outbox.popleft()
+            try:
+                self._router.send_multipart([peer, self.codec.encode(msg)], zmq.NOBLOCK)
+            except zmq.Again:
+                self.log("send_dropped", peer=peer.hex())
 
     def _check_parent(self) -> None:
         if self.watch_parent is not None and os.getppid() != self.watch_parent:
@@ -80,10 +130,16 @@ class WorkerServer:
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.bind(self.bind)
         self._router = router
+        self._poller = zmq.Poller()
+        self._poller.register(router, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self.scheduler.waker = self._wake
         self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
+            self._prep.shutdown(wait=False, cancel_futures=True)
+            self._embedder.shutdown(wait=False, cancel_futures=True)
             router.close(0)
             self._stop.set()
 
@@ -133,10 +189,18 @@ class WorkerServer:
         if isinstance(msg, Submit):
             return self._submit(peer, msg)
         if isinstance(msg, Abort):
+            with self._lock:
+                self._cancelled.update(k for k in ((peer, i) for i in msg.ids) if k in self._pending)
             self.scheduler.abort(msg.ids)
             return None
         if isinstance(msg, Call):
-            return self._call(msg)
+            if msg.op == "stats":
+                return self._call(msg)
+            if not self._begin(msg.id, peer):
+                return CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, f"id {msg.id!r} is already in flight", param="id"))
+            pool = self._embedder if msg.op == "embed" else self._prep
+            pool.submit(self._off_thread_call, peer, msg)
+            return None
         if isinstance(msg, Ping):
             return Pong(msg.nonce, self.scheduler.n_running, self.scheduler.n_waiting)
         if isinstance(msg, Connect):
@@ -145,25 +209,91 @@ class WorkerServer:
             self.scheduler.end_session(msg.session)
         return None
 
+    # ---- off the scheduler thread ----------------------------------------------------------
+    def _begin(self, rid: str, peer: bytes) -> bool:
+        with self._lock:
+            if (peer, rid) in self._pending:
+                return False
+            self._pending.add((peer, rid))
+            return True
+
+    def _end(self, rid: str, peer: bytes) -> bool:
+        """Forget `rid`; True when it was aborted meanwhile."""
+        key = (peer, rid)
+        with self._lock:
+            self._pending.discard(key)
+            if key in self._cancelled:
+                self._cancelled.discard(key)
+                return True
+            return False
+
+    def cancelled(self, rid: str, peer: bytes) -> bool:
+        return (peer, rid) in self._cancelled
+
     def _submit(self, peer: bytes, msg: Submit):
         if msg.max_tokens is not None and msg.max_tokens < 1:
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        if not self._begin(msg.id, peer):
+            return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"request id {msg.id!r} is already in flight", "id")])
+        self._prep.submit(self._prepare, peer, msg)
+        return None
+
+    def _prepare(self, peer: bytes, msg: Submit) -> None:
+        """On a preparation thread: tokens, grammar and sampler, then hand the request to the scheduler."""
+        req = None
         try:
             tokens = self.prompts.tokens(msg)
             grammar = self.prompts.grammar(msg)
+            req = Request(
+                msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
+                session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
+                piece=self.engine.piece,
+            )  # fmt: skip
+            if not self.cancelled(msg.id, peer):
+                req.sampler = self.engine.make_sampler(msg.sampling, grammar)
         except PromptError as exc:
-            return Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)])
-        req = Request(
-            msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
-            session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
-            piece=self.engine.piece,
-        )  # fmt: skip
-        self.scheduler.submit(req)
-        return None
+            self._end(msg.id, peer)
+            self._post_out(peer, Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)]))
+            return
+        except EngineError as exc:
+            self._end(msg.id, peer)
+            code = ErrorCode(exc.code) if exc.code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
+            self._post_out(peer, Tick(done=[error_done(msg.id, code, f"cannot build the sampler: {exc}", "response_format" if msg.json_schema is not None else None)]))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in preparing one request fails that request only
+            self.log("prepare_error", id=msg.id, error=repr(exc))
+            self._end(msg.id, peer)
+            self._post_out(peer, Tick(done=[error_done(msg.id, ErrorCode.INTERNAL, "the worker could not prepare the request")]))
+            return
+        key = (peer, msg.id)
+        with self._lock:  # an Abort either finds it here (cancelled) or, once submitted, in the scheduler
+            self._pending.discard(key)
+            aborted = key in self._cancelled
+            self._cancelled.discard(key)
+            if not aborted:
+                self.scheduler.submit(req)
+        if aborted:
+            if req.sampler is not None:
+                req.sampler.free()
+            self._post_out(peer, Tick(done=[Done(msg.id, FinishReason.ABORT)]))
 
-    def _call(self, msg: Call) -> CallResult:
+    def _off_thread_call(self, peer: bytes, msg: Call) -> None:
+        try:
+            if self.cancelled(msg.id, peer):
+                result = CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the call was aborted"))
+            else:
+                result = self._call(msg, peer)
+        except Exception as exc:  # noqa: BLE001
+            self.log("call_error", op=msg.op, error=repr(exc))
+            result = CallResult(msg.id, error=ErrorInfo(ErrorCode.INTERNAL, f"the worker failed the {msg.op!r} call"))
+        self._end(msg.id, peer)
+        self._post_out(peer, result)
+
+    def _call(self, msg: Call, peer: bytes = b"") -> CallResult:
         e = self.engine
         try:
+            if msg.op in ("tokenize", "count_tokens") and msg.text is not None:
+                self.prompts._check_chars(len(msg.text), "text")
             if msg.op == "tokenize":
                 return CallResult(msg.id, tokens=e.tokenize(msg.text or "", msg.add_special, msg.parse_special))
             if msg.op == "detokenize":
@@ -172,16 +302,23 @@ class WorkerServer:
                 return CallResult(msg.id, text=self.prompts.render(msg.messages or [], msg.tools, msg.add_generation_prompt))
             if msg.op == "count_tokens":
                 if msg.messages is not None:
-                    text = self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt)
-                    return CallResult(msg.id, count=len(self.prompts.tokenize_rendered(text)))
+                    return CallResult(msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
                 return CallResult(msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
             if msg.op == "embed":
-                vectors, count = e.embed(msg.texts if msg.texts is not None else [msg.text or ""])
+                texts = msg.texts if msg.texts is not None else [msg.text or ""]
+                for i, text in enumerate(texts):
+                    if len(text) > self.prompts.max_chars:
+                        raise EngineError("context_length_exceeded", f"input[{i}] has {len(text)} characters, more than {self.n_ctx} tokens can hold")
+                vectors, count = e.embed(texts, cancelled=lambda: self.cancelled(msg.id, peer))
                 return CallResult(msg.id, embeddings=vectors, count=count)
             if msg.op == "stats":
                 return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
-        except (PromptError, TemplateError) as exc:
+        except PromptError as exc:
+            return CallResult(msg.id, error=ErrorInfo(exc.code, str(exc), param=exc.param))
+        except TemplateError as exc:
             return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
+        except EmbedAborted:
+            return CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the call was aborted"))
         except EngineError as exc:
             return CallResult(msg.id, error=ErrorInfo(ErrorCode(exc.code), str(exc), param="input"))
         return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
