@@ -201,6 +201,8 @@ class WorkerLink:
             raise worker_unavailable(f"worker for {self.name} did not answer {call.op!r} within {timeout:g}s") from None
         finally:
             self._calls.pop(call.id, None)
+            if (fut.cancelled() or not fut.done()) and self.alive:  # given up (timeout, the client left): the worker stops the work
+                self._send(Abort(ids=[call.id]))
 
     def _check_alive(self) -> None:
         if not self.alive:

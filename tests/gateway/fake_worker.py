@@ -6,6 +6,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   TOOLONG  -> Done(error=CONTEXT_LENGTH) before any output
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
+An embed call with an input containing STALL is never answered.
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ class FakeWorker:
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
             elif isinstance(msg, Call):
                 self.calls.append(msg)
-                await self._send(peer, self.call(msg))
+                result = self.call(msg)
+                if result is not None:  # None: a call that never ends (until the gateway gives up on it)
+                    await self._send(peer, result)
             elif isinstance(msg, Ping):
                 self.pings += 1
                 if self.answer_pings:
@@ -123,7 +126,11 @@ class FakeWorker:
         return Hello(protocol_version=PROTOCOL_VERSION, model=self.model, architecture="fake", n_ctx=512,
                      n_ctx_train=512, n_seq_max=self.n_seq_max, n_vocab=256, chat_template="chatml", pid=os.getpid())  # fmt: skip
 
-    def call(self, msg: Call) -> CallResult:
+    def call(self, msg: Call) -> CallResult | None:
+        if msg.op == "embed":
+            if any("STALL" in t for t in msg.texts or []):
+                return None
+            return CallResult(msg.id, embeddings=[[1.0, 0.0] for _ in msg.texts or []], count=len(msg.texts or []))
         if msg.op == "stats":
             return CallResult(msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                              "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip

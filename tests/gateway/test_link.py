@@ -198,3 +198,26 @@ async def test_close_fails_pending_calls_and_streams(fake_worker):
     _, done = await drain(stream)
     assert done.error.code == ErrorCode.WORKER_UNAVAILABLE
     assert done.error.message == "shutting down"
+
+
+async def test_a_call_given_up_on_is_aborted_in_the_worker(link, fake_worker):
+    """The probe's 2,000 embedding inputs: the gateway's timeout fired, the worker computed on for minutes."""
+    with pytest.raises(GatewayError) as err:
+        await link.call(Call(id="emb-1", op="embed", texts=["STALL"] * 2000), timeout=0.2)
+    assert err.value.code is ErrorCode.WORKER_UNAVAILABLE
+    for _ in range(100):
+        if "emb-1" in fake_worker.aborts:
+            break
+        await asyncio.sleep(0.01)
+    assert "emb-1" in fake_worker.aborts
+    task = asyncio.create_task(link.call(Call(id="emb-2", op="embed", texts=["STALL"])))
+    await asyncio.sleep(0.05)
+    task.cancel()  # the client went away
+    await asyncio.gather(task, return_exceptions=True)
+    for _ in range(100):
+        if "emb-2" in fake_worker.aborts:
+            break
+        await asyncio.sleep(0.01)
+    assert "emb-2" in fake_worker.aborts
+    done = await link.call(Call(id="emb-3", op="embed", texts=["fine"]))
+    assert done.embeddings == [[1.0, 0.0]]

@@ -134,7 +134,9 @@ async def embeddings(request: Request) -> Response:
         if req.dimensions is not None:
             raise invalid("dimensions is not supported: the model's embedding size is fixed", "dimensions")
         handle = await request.app.state.models.get(req.model)
-        result = await handle.call(Call(id=rid, op="embed", texts=texts))
+        result = await until_disconnect(request, handle.call(Call(id=rid, op="embed", texts=texts)))
+    except ClientDisconnected:
+        return Response(status_code=499)
     except WireError as exc:
         return error_response(invalid(str(exc), exc.param), rid)
     except GatewayError as exc:
