@@ -77,6 +77,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
     ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
     pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
+    pull_allow_private: bool = False  # pulls of URLs on loopback, private or link-local addresses
+    # browser safety: Host names answered besides loopback names, IP literals and this machine's name
+    # ("*": any), and web origins allowed besides localhost ones ("*": any)
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
+    # HTTP server: seconds an idle connection, or one still sending its request head, stays open;
+    # open connections at most (beyond it: 503 and close); bytes of a request head at most
+    keep_alive_timeout: float = 30.0
+    max_connections: int = 1024
+    max_header_bytes: int = 65536
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:

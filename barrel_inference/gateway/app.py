@@ -19,6 +19,8 @@ from .errors import GatewayError
 from .http import JSONBody
 from .logging import make_logger
 from .metrics import GatewayMetrics
+from .outcomes import OutcomeCounter
+from .security import BrowserGuard
 from .openai import routes as openai_routes
 from .openai.convert import error_body, error_status
 from .workers import ModelManager
@@ -71,7 +73,12 @@ class ErrorMiddleware:
             self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
             if started:
                 return
-            info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            if isinstance(exc, GatewayError):
+                info = exc.info
+            elif isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
+                info = ErrorInfo(ErrorCode.INVALID_REQUEST, "the request body is nested too deeply")
+            else:  # the details are in the log line above, never in the answer
+                info = ErrorInfo(ErrorCode.INTERNAL, "internal error")
             await error_json(scope.get("path", ""), info)(scope, receive, send)
 
 
@@ -122,7 +129,10 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     app.state.models = models
     app.state.metrics = GatewayMetrics()
     app.state.log = log
+    models.metrics = app.state.metrics
     app.add_middleware(ErrorMiddleware, log=log)
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins)
+    app.add_middleware(OutcomeCounter, metrics=app.state.metrics, routes=app.routes)
     return app
 
 

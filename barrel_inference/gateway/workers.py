@@ -131,6 +131,7 @@ class ModelManager:
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
+        self.metrics: Any = None  # the app's GatewayMetrics: worker starts and exits are counted there
 
     # ---- lookup -----------------------------------------------------------------------
     async def resolve(self, name: str) -> Any:
@@ -227,6 +228,8 @@ class ModelManager:
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
         )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.worker_started(record.name)
         watcher = asyncio.create_task(self._watch(handle, exited), name=f"watch-{record.name}")
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -237,6 +240,8 @@ class ModelManager:
         if handle.unloading:
             return
         reason = handle.process.describe_exit() if handle.process else "worker exited"
+        if self.metrics is not None:
+            self.metrics.worker_exited(handle.name, handle.process.returncode if handle.process else None)
         self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason)
         handle.link.lose(reason)
         self._forget(handle)
