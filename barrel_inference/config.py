@@ -100,12 +100,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
 
     def run_dir(self) -> Path:
+        """Worker sockets, the pid file and the daemon's lock. The default is per port, so that two
+        daemons on one machine never share worker sockets; an explicit runtime_dir is used as given."""
         if self.runtime_dir:
             return Path(self.runtime_dir).expanduser()
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         if xdg:
-            return Path(xdg) / "barrel-inference"
-        return Path(f"/tmp/barrel-inference-{os.getuid()}")
+            return Path(xdg) / "barrel-inference" / str(self.port)
+        return Path(f"/tmp/barrel-inference-{os.getuid()}") / str(self.port)
 
     def model_settings(self, name: str) -> ModelSettings:
         """The operator's settings for `name` over the built-in ones (the manifest not consulted)."""

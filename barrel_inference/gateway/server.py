@@ -12,6 +12,7 @@ from hypercorn.config import Config
 from ..config import Settings
 from .app import create_app
 from .logging import configure_process_logging, make_logger
+from .runtime import RuntimeLock
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -26,11 +27,14 @@ def hypercorn_config(settings: Settings) -> Config:
 
 
 async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs) -> None:
-    """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers."""
+    """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers.
+
+    The daemon holds its runtime dir's lock throughout (RuntimeDirBusy when another one has it)."""
     log = app_kwargs.pop("logger", None) or make_logger(settings)
-    app = create_app(settings, logger=log, **app_kwargs)
-    log.info("gateway_listening", url=settings.base_url(), pid=os.getpid())
-    await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
+    with RuntimeLock(settings.run_dir()):
+        app = create_app(settings, logger=log, **app_kwargs)
+        log.info("gateway_listening", url=settings.base_url(), pid=os.getpid(), runtime_dir=str(settings.run_dir()))
+        await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
 
 
 def run(settings: Settings) -> None:

@@ -223,6 +223,12 @@ class ModelManager:
             await proc.stop(timeout=2.0)
             self.log.error("worker_start_failed", model=record.name, reason=str(exc))
             raise
+        if hello.pid != proc.pid:  # the socket answered, but not from the process started here
+            exited.cancel()
+            await link.close()
+            await proc.stop(timeout=2.0)
+            self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
+            raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
