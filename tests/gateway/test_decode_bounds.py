@@ -39,3 +39,15 @@ async def test_json_nested_10000_deep_is_400(gateway):
 async def test_the_largest_allowed_values_still_work(gateway):
     r = await gateway.client.post("/v1/chat/completions", json={**CHAT, "seed": 2**63 - 1, "max_tokens": 2**31 - 1})
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": -(2**63) - 1}}}},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"maximum": 2**70}}}]},
+])  # fmt: skip
+async def test_integers_beyond_64_bits_inside_schemas_are_400(gateway, extra):
+    """Found by the fuzz suite: the link could not carry them (OverflowError, a 500)."""
+    r = await gateway.client.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    r = await gateway.client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
