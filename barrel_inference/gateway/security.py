@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable
+from typing import Any, Iterable
+
 
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..protocol import ErrorCode, ErrorInfo
 
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 LOCAL_ORIGIN_SCHEMES = ("http", "https")
@@ -54,8 +57,9 @@ def _is_local_name(host: str) -> bool:
 
 class BrowserGuard:
     def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = (),
-                 on_refused=None) -> None:  # fmt: skip
+                 families: Any = None) -> None:  # fmt: skip
         self.app = app
+        self.families = families  # the refusal comes in the envelope of the path's API family
         hosts = {h.strip().lower() for h in allowed_hosts if h.strip()}
         self.any_host = "*" in hosts
         try:
@@ -66,7 +70,6 @@ class BrowserGuard:
         origins = {o.strip().rstrip("/").lower() for o in allowed_origins if o.strip()}
         self.any_origin = "*" in origins
         self.origins = origins
-        self.on_refused = on_refused
 
     # ---- checks ---------------------------------------------------------------------------
     def host_allowed(self, host_header: str | None) -> bool:
@@ -148,14 +151,16 @@ class BrowserGuard:
 
     async def _refuse(self, scope: Scope, send: Send, status: int, code: str, message: str) -> None:
         path = scope.get("path", "")
-        if path.startswith("/v1"):
-            kind = "invalid_request_error"
-            body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-        else:
-            body = {"error": message}
-        if self.on_refused is not None:
-            self.on_refused(scope, status, code)
-        data = msgspec.json.encode(body)
+        error = ErrorCode.UNSUPPORTED_MEDIA_TYPE if status == 415 else ErrorCode.FORBIDDEN
+        info = ErrorInfo(error, message)
+
+        async def no_body() -> Message:
+            return {"type": "http.disconnect"}
+
+        if self.families is not None:
+            await self.families.error_response(path, info, status=status)(scope, no_body, send)
+            return
+        data = msgspec.json.encode({"error": message})
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})  # fmt: skip
         await send({"type": "http.response.body", "body": data})

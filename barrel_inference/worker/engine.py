@@ -15,7 +15,7 @@ import llama_cpp as L
 import numpy as np
 
 from ..protocol import Sampling
-from .engine_api import EmbedAborted, EngineError
+from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
 _BACKEND_READY = False
@@ -252,11 +252,9 @@ class LlamaEngine:
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
 
     # ---- embeddings ---------------------------------------------------------------------
-    def embed(self, texts: list[str], cancelled=None) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised embeddings, from a second context made on first use.
-
-        Runs on the worker's embedding thread (its own context); `cancelled()` is asked before each
-        input, and EmbedAborted raised when it says so."""
+    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """Mean-pooled, L2-normalised embeddings of texts or token-id lists, from a second context made
+        on first use (the worker calls this from its embedding thread, never the scheduler's)."""
         if self._embed_ctx is None:
             cp = L.llama_context_default_params()
             cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
@@ -273,9 +271,7 @@ class LlamaEngine:
         n_embd = L.llama_model_n_embd(self.model)
         out, total = [], 0
         for i, text in enumerate(texts):
-            if cancelled is not None and cancelled():
-                raise EmbedAborted()
-            toks = self.tokenize(text, add_special=True, parse_special=False)
+            toks = list(text) if isinstance(text, list) else self.tokenize(text, add_special=True, parse_special=False)
             if not toks:
                 raise EngineError("invalid_request", f"input[{i}] is empty")
             if len(toks) > self.n_ctx:

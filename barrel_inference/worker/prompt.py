@@ -51,7 +51,7 @@ class PromptBuilder:
     def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True) -> list[int]:
         """The chat prompt with control tokens recognised in the template's text only."""
         plain = self.render(messages, tools, add_generation_prompt)
-        self._check_chars(len(plain), "messages")
+        self.check_chars(len(plain), "messages")
         special = getattr(self.engine, "control_tokens", None)
         if self.content_special or special is None:
             return self.tokenize_rendered(plain)
@@ -63,7 +63,7 @@ class PromptBuilder:
             tokens.insert(0, bos)
         return tokens
 
-    def _check_chars(self, n_chars: int, param: str) -> None:
+    def check_chars(self, n_chars: int, param: str) -> None:
         if n_chars > self.max_chars:
             raise PromptError(
                 ErrorCode.CONTEXT_LENGTH,
@@ -77,10 +77,10 @@ class PromptBuilder:
             if not msg.messages:
                 raise PromptError(ErrorCode.INVALID_REQUEST, "messages must not be empty", "messages")
             chars = sum(len(m.content) + len(m.thinking or "") + sum(len(c.arguments) for c in m.tool_calls) for m in msg.messages)
-            self._check_chars(chars, "messages")
+            self.check_chars(chars, "messages")
             toks = self.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)
         elif msg.prompt is not None:
-            self._check_chars(len(msg.prompt), "prompt")
+            self.check_chars(len(msg.prompt), "prompt")
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)
         elif msg.prompt_tokens is not None:
             if len(msg.prompt_tokens) >= self.n_ctx:

@@ -2,20 +2,22 @@
 
 The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
 while there is work, blocking briefly when idle), and it sends each tick's output itself. One
-thread, no hand-over between threads and no GIL ping-pong on the token path. The main thread only
-waits for a stop signal.
+thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
+render, stats) are answered between ticks. Embeddings run on a thread of their own (the engine
+gives them their own context): the scheduler thread only hands an Embed over and, later, forwards
+its reply, so embedding never holds up a tick. The main thread only waits for a stop signal.
 
-Nothing whose cost grows with the input runs on the scheduler thread: a Submit's rendering,
-tokenising and grammar (converted, bounded and compiled into its sampler) are prepared on a
-preparation thread, calls (tokenize, render, count_tokens) on the same pool and embeddings on a
-thread of their own. Their results come back through an outbox the scheduler thread sends from
-(a pipe wakes it). An Abort reaches work still being prepared or computed: a request aborted while
-prepared ends with Done(abort) instead of being scheduled, an embedding stops between inputs.
+Nothing else whose cost grows with the input runs on the scheduler thread either: a Submit's
+rendering, tokenising and grammar (bounded, converted and compiled into its sampler) are prepared
+on a preparation thread, and so are the Tokenize, Render and CountTokens calls. Their results come
+back through an outbox the scheduler thread sends from (a pipe wakes it). An Abort reaches work
+still being prepared: such a request ends with Done(abort) instead of being scheduled.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +27,11 @@ import msgspec
 import zmq
 
 from ..protocol import (
-    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, Done, EndSession, ErrorCode, ErrorInfo, FinishReason, Hello,
-    Ping, Pong, Submit, Tick, WorkerCodec,
+    PROTOCOL_VERSION, Abort, Connect, CountResult, CountTokens, Detokenize, DetokenizeResult, Done, Embed, EmbedResult,
+    EndSession, ErrorCode, ErrorInfo, FinishReason, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult,
+    Submit, Tick, Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
 from .engine_api import Engine, EngineError
-from .engine_api import EmbedAborted
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -53,9 +55,8 @@ class WorkerServer:
         self.prompts = PromptBuilder(engine, template, n_ctx, model, content_special=content_special)
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
         self._prep = ThreadPoolExecutor(max(1, prep_threads), thread_name_prefix="prepare")
-        self._embedder = ThreadPoolExecutor(1, thread_name_prefix="embed")
         self._lock = threading.Lock()
-        self._pending: set[tuple[bytes, str]] = set()  # (peer, id) being prepared or computed off the scheduler thread
+        self._pending: set[tuple[bytes, str]] = set()  # (peer, id) being prepared off the scheduler thread
         self._cancelled: set[tuple[bytes, str]] = set()
         self._outbox: deque[tuple[bytes, object]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -63,6 +64,9 @@ class WorkerServer:
         os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
+        self._replies: zmq.Socket | None = None  # PULL: replies finished off the scheduler thread
+        self._replies_endpoint = f"inproc://worker-replies-{id(self)}"
+        self.embedder = Embedder(self)
         self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
 
     # ---- the scheduler thread's I/O -------------------------------------------------------
@@ -73,13 +77,17 @@ class WorkerServer:
             self.log("send_dropped", peer=peer.hex())
 
     def _pump(self, block: bool) -> None:
-        router = self._router
-        if block and not self._outbox:
-            events = dict(self._poller.poll(IDLE_POLL_MS))
-            if not events:
-                self._check_parent()
-                return
+        router, replies = self._router, self._replies
+        if block and not self._outbox and not self._poller.poll(IDLE_POLL_MS):
+            self._check_parent()
+            return
         self._drain_wake()
+        while True:  # replies computed elsewhere (embeddings): forward them
+            try:
+                peer, body = replies.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            router.send_multipart([peer, body])
         while True:
             try:
                 peer, body = router.recv_multipart(zmq.NOBLOCK)
@@ -130,17 +138,23 @@ class WorkerServer:
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.bind(self.bind)
         self._router = router
+        replies = self.zctx.socket(zmq.PULL)
+        replies.setsockopt(zmq.LINGER, 0)
+        replies.bind(self._replies_endpoint)
+        self._replies = replies
         self._poller = zmq.Poller()
         self._poller.register(router, zmq.POLLIN)
+        self._poller.register(replies, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self.scheduler.waker = self._wake
         self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
+            self.embedder.stop()
             self._prep.shutdown(wait=False, cancel_futures=True)
-            self._embedder.shutdown(wait=False, cancel_futures=True)
             router.close(0)
+            replies.close(0)
             self._stop.set()
 
     def hello(self) -> Hello:
@@ -192,14 +206,16 @@ class WorkerServer:
             with self._lock:
                 self._cancelled.update(k for k in ((peer, i) for i in msg.ids) if k in self._pending)
             self.scheduler.abort(msg.ids)
+            self.embedder.cancel(msg.ids)
             return None
-        if isinstance(msg, Call):
-            if msg.op == "stats":
-                return self._call(msg)
+        if isinstance(msg, Embed):
+            return self._embed(peer, msg)
+        if isinstance(msg, GetStats):
+            return self._call(msg)
+        if isinstance(msg, (Tokenize, Detokenize, Render, CountTokens)):
             if not self._begin(msg.id, peer):
-                return CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, f"id {msg.id!r} is already in flight", param="id"))
-            pool = self._embedder if msg.op == "embed" else self._prep
-            pool.submit(self._off_thread_call, peer, msg)
+                return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, f"id {msg.id!r} is already in flight", param="id"))
+            self._prep.submit(self._off_thread_call, peer, msg)
             return None
         if isinstance(msg, Ping):
             return Pong(msg.nonce, self.scheduler.n_running, self.scheduler.n_waiting)
@@ -257,8 +273,8 @@ class WorkerServer:
             return
         except EngineError as exc:
             self._end(msg.id, peer)
-            code = ErrorCode(exc.code) if exc.code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
-            self._post_out(peer, Tick(done=[error_done(msg.id, code, f"cannot build the sampler: {exc}", "response_format" if msg.json_schema is not None else None)]))
+            param = "response_format" if msg.json_schema is not None else ("grammar" if msg.grammar is not None else None)
+            self._post_out(peer, Tick(done=[error_done(msg.id, ErrorCode(exc.code), f"cannot build the sampler: {exc}", param)]))
             return
         except Exception as exc:  # noqa: BLE001 - a bug in preparing one request fails that request only
             self.log("prepare_error", id=msg.id, error=repr(exc))
@@ -277,48 +293,125 @@ class WorkerServer:
                 req.sampler.free()
             self._post_out(peer, Tick(done=[Done(msg.id, FinishReason.ABORT)]))
 
-    def _off_thread_call(self, peer: bytes, msg: Call) -> None:
+    def _off_thread_call(self, peer: bytes, msg) -> None:
         try:
             if self.cancelled(msg.id, peer):
-                result = CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the call was aborted"))
+                result = _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the request was aborted"))
             else:
-                result = self._call(msg, peer)
-        except Exception as exc:  # noqa: BLE001
-            self.log("call_error", op=msg.op, error=repr(exc))
-            result = CallResult(msg.id, error=ErrorInfo(ErrorCode.INTERNAL, f"the worker failed the {msg.op!r} call"))
+                result = self._call(msg)
+        except Exception as exc:  # noqa: BLE001 - a bug fails this call, not the thread
+            self.log("call_error", call=type(msg).__name__, error=repr(exc))
+            result = _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, "internal error in the worker"))
         self._end(msg.id, peer)
         self._post_out(peer, result)
 
-    def _call(self, msg: Call, peer: bytes = b"") -> CallResult:
+    def _embed(self, peer: bytes, msg: Embed):
+        if not msg.inputs:
+            return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "input must not be empty", param="input"))
+        n_vocab = self.engine.n_vocab
+        for i, item in enumerate(msg.inputs):
+            if isinstance(item, list) and any(not 0 <= t < n_vocab for t in item):
+                bad = next(t for t in item if not 0 <= t < n_vocab)
+                return EmbedResult(id=msg.id, error=ErrorInfo(
+                    ErrorCode.INVALID_REQUEST, f"input[{i}] has token id {bad}, outside the vocabulary (0..{n_vocab - 1})",
+                    param=f"input[{i}]"))  # fmt: skip
+        for i, item in enumerate(msg.inputs):
+            if isinstance(item, str) and len(item) > self.prompts.max_chars:
+                return EmbedResult(id=msg.id, error=ErrorInfo(
+                    ErrorCode.CONTEXT_LENGTH, f"input[{i}] has {len(item)} characters, more than {self.n_ctx} tokens can hold",
+                    param=f"input[{i}]"))  # fmt: skip
+        self.embedder.submit(peer, msg)
+        return None
+
+    def _call(self, msg):
         e = self.engine
         try:
-            if msg.op in ("tokenize", "count_tokens") and msg.text is not None:
-                self.prompts._check_chars(len(msg.text), "text")
-            if msg.op == "tokenize":
-                return CallResult(msg.id, tokens=e.tokenize(msg.text or "", msg.add_special, msg.parse_special))
-            if msg.op == "detokenize":
-                return CallResult(msg.id, text=e.detokenize(msg.tokens or []))
-            if msg.op == "render":
-                return CallResult(msg.id, text=self.prompts.render(msg.messages or [], msg.tools, msg.add_generation_prompt))
-            if msg.op == "count_tokens":
+            if isinstance(msg, (Tokenize, CountTokens)) and msg.text is not None:
+                self.prompts.check_chars(len(msg.text), "text")
+            if isinstance(msg, Tokenize):
+                return TokenizeResult(id=msg.id, tokens=e.tokenize(msg.text, msg.add_special, msg.parse_special))
+            if isinstance(msg, Detokenize):
+                return DetokenizeResult(id=msg.id, text=e.detokenize(msg.tokens))
+            if isinstance(msg, Render):
+                return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt))
+            if isinstance(msg, CountTokens):
                 if msg.messages is not None:
-                    return CallResult(msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
-                return CallResult(msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
-            if msg.op == "embed":
-                texts = msg.texts if msg.texts is not None else [msg.text or ""]
-                for i, text in enumerate(texts):
-                    if len(text) > self.prompts.max_chars:
-                        raise EngineError("context_length_exceeded", f"input[{i}] has {len(text)} characters, more than {self.n_ctx} tokens can hold")
-                vectors, count = e.embed(texts, cancelled=lambda: self.cancelled(msg.id, peer))
-                return CallResult(msg.id, embeddings=vectors, count=count)
-            if msg.op == "stats":
-                return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
+                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
+                return CountResult(id=msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
+            if isinstance(msg, GetStats):
+                return StatsResult(id=msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
         except PromptError as exc:
-            return CallResult(msg.id, error=ErrorInfo(exc.code, str(exc), param=exc.param))
+            return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param=exc.param))
         except TemplateError as exc:
-            return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
-        except EmbedAborted:
-            return CallResult(msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the call was aborted"))
+            return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
         except EngineError as exc:
-            return CallResult(msg.id, error=ErrorInfo(ErrorCode(exc.code), str(exc), param="input"))
-        return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
+            return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param="input"))
+        return None
+
+
+_REPLY = {Tokenize: TokenizeResult, Detokenize: DetokenizeResult, Render: RenderResult, CountTokens: CountResult,
+          GetStats: StatsResult}  # fmt: skip
+
+
+class Embedder:
+    """Embeddings on a thread of their own, one input at a time; an Abort naming a job stops it
+    between inputs. Replies go back through an inproc socket that the scheduler thread forwards."""
+
+    def __init__(self, server: WorkerServer) -> None:
+        self.server = server
+        self._jobs: queue.Queue = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, peer: bytes, msg: Embed) -> None:
+        with self._lock:
+            self._pending.add(msg.id)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
+            self._thread.start()
+        self._jobs.put((peer, msg))
+
+    def cancel(self, ids: list[str]) -> None:
+        with self._lock:
+            self._cancelled.update(i for i in ids if i in self._pending)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        server = self.server
+        push = server.zctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(server._replies_endpoint)
+        try:
+            while (job := self._jobs.get()) is not None:
+                peer, msg = job
+                reply = self._embed(msg)
+                with self._lock:
+                    self._pending.discard(msg.id)
+                    self._cancelled.discard(msg.id)
+                push.send_multipart([peer, server.codec.encode(reply)])
+        finally:
+            push.close(0)
+
+    def _embed(self, msg: Embed) -> EmbedResult:
+        vectors: list[list[float]] = []
+        total = 0
+        try:
+            for i, item in enumerate(msg.inputs):
+                if msg.id in self._cancelled:
+                    return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the request was aborted"))
+                try:
+                    vecs, n = self.server.engine.embed([item])
+                except EngineError as exc:
+                    return EmbedResult(id=msg.id, error=ErrorInfo(exc.code, str(exc).replace("input[0]", f"input[{i}]"), param="input"))
+                vectors.extend(vecs)
+                total += n
+        except Exception as exc:  # noqa: BLE001 - a bug fails this request, not the thread
+            self.server.log("embed_error", error=repr(exc))
+            return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, f"internal error while embedding: {exc!r}"))
+        return EmbedResult(id=msg.id, embeddings=vectors, count=total)

@@ -11,7 +11,7 @@ import pytest
 from barrel_inference.gateway.errors import GatewayError
 from barrel_inference.gateway.link import WorkerLink
 from barrel_inference.protocol import (
-    PROTOCOL_VERSION, Call, ChatMessage, Delta, Done, ErrorCode, FinishReason, Submit,
+    PROTOCOL_VERSION, ChatMessage, Delta, Done, Embed, ErrorCode, FinishReason, GetStats, Submit, Tokenize,
 )  # fmt: skip
 
 from .fake_worker import FakeWorker
@@ -134,9 +134,9 @@ async def test_error_done_carries_typed_error(link):
 
 
 async def test_call_returns_result(link):
-    result = await link.call(Call(id="", op="stats"))
+    result = await link.call(GetStats(id=""))
     assert result.stats["profile"]["decode_ms"] == 1.5
-    tok = await link.call(Call(id="", op="tokenize", text="a b c"))
+    tok = await link.call(Tokenize(id="", text="a b c"))
     assert tok.tokens == [0, 1, 2]
 
 
@@ -200,17 +200,30 @@ async def test_close_fails_pending_calls_and_streams(fake_worker):
     assert done.error.message == "shutting down"
 
 
+async def test_an_undecodable_message_fails_the_requests_it_names_and_nothing_else(link, fake_worker):
+    """A message this side cannot decode still names its requests: they fail with a typed error
+    (and are aborted on the worker) instead of waiting forever; other requests are untouched."""
+    other = link.submit(chat("ok1", "x y z"))
+    deltas, done = await asyncio.wait_for(drain(link.submit(chat("bad1", "a GARBLE b c"))), 5)
+    assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.INTERNAL
+    assert "cannot decode" in done.error.message
+    _, other_done = await asyncio.wait_for(drain(other), 5)
+    assert other_done.finish_reason == FinishReason.STOP
+    assert "bad1" in fake_worker.aborts
+    assert link.alive
+
+
 async def test_a_call_given_up_on_is_aborted_in_the_worker(link, fake_worker):
     """The probe's 2,000 embedding inputs: the gateway's timeout fired, the worker computed on for minutes."""
     with pytest.raises(GatewayError) as err:
-        await link.call(Call(id="emb-1", op="embed", texts=["STALL"] * 2000), timeout=0.2)
+        await link.call(Embed(id="emb-1", inputs=["STALL"] * 2000), timeout=0.2)
     assert err.value.code is ErrorCode.WORKER_UNAVAILABLE
     for _ in range(100):
         if "emb-1" in fake_worker.aborts:
             break
         await asyncio.sleep(0.01)
     assert "emb-1" in fake_worker.aborts
-    task = asyncio.create_task(link.call(Call(id="emb-2", op="embed", texts=["STALL"])))
+    task = asyncio.create_task(link.call(Embed(id="emb-2", inputs=["STALL"])))
     await asyncio.sleep(0.05)
     task.cancel()  # the client went away
     await asyncio.gather(task, return_exceptions=True)
@@ -219,5 +232,5 @@ async def test_a_call_given_up_on_is_aborted_in_the_worker(link, fake_worker):
             break
         await asyncio.sleep(0.01)
     assert "emb-2" in fake_worker.aborts
-    done = await link.call(Call(id="emb-3", op="embed", texts=["fine"]))
-    assert done.embeddings == [[1.0, 0.0]]
+    done = await link.call(Embed(id="emb-3", inputs=["fine"]))
+    assert done.error is None and len(done.embeddings) == 1

@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from barrel_inference.protocol import (
-    Abort, Call, CallResult, ChatMessage, Connect, ErrorCode, FinishReason, Hello, Ping, Pong, Sampling, Submit, Tick,
+    Abort, ChatMessage, Connect, Embed, EmbedResult, ErrorCode, FinishReason, Hello, Ping, Pong, Sampling, Submit, Tick,
+    Tokenize, TokenizeResult,
 )  # fmt: skip
 from barrel_inference.worker.fake import FakeEngine
 from barrel_inference.worker.grammar import GrammarLimits
@@ -89,13 +90,13 @@ def test_huge_prompt_is_refused_before_tokenising(worker):
     big = "word " * 400_000  # 2 MB (the probe used 5 MB): refused from its length alone
     client.send(Submit("big", prompt=big, max_tokens=2))
     client.send(Submit("chat", messages=[ChatMessage("user", big)], max_tokens=2))
-    client.send(Call("tok", "tokenize", text=big))
+    client.send(Tokenize("tok", text=big))
     _, dones = client.until_done(["big", "chat"], timeout=30)
     for rid, param in (("big", "prompt"), ("chat", "messages")):
         err = dones[rid].error
         assert err.code is ErrorCode.CONTEXT_LENGTH and "characters" in err.message and err.param == param
     result = client.recv(10)
-    while not isinstance(result, CallResult):
+    while not isinstance(result, TokenizeResult):
         result = client.recv(10)
     assert result.error is not None and result.error.code is ErrorCode.CONTEXT_LENGTH
     assert proc.poll() is None and alive(client)
@@ -170,7 +171,7 @@ def test_a_request_aborted_while_prepared_is_never_scheduled(fake_server):
 def test_an_aborted_embedding_stops_between_inputs_and_other_work_goes_on(fake_server):
     engine = FakeEngine(n_ctx=4096, embed_seconds=0.01)
     server, client = fake_server(engine)
-    client.send(Call("emb", "embed", texts=["some text"] * 2000))  # 20 s of work
+    client.send(Embed("emb", inputs=["some text"] * 2000))  # 20 s of work
     client.send(Submit("gen", prompt="hello", max_tokens=8))
     _, dones = client.until_done(["gen"], timeout=10)  # generation is not queued behind the embedding
     assert dones["gen"].finish_reason is FinishReason.LENGTH
@@ -178,13 +179,13 @@ def test_an_aborted_embedding_stops_between_inputs_and_other_work_goes_on(fake_s
     client.send(Abort(["emb"]))
     while True:
         msg = client.recv(10)
-        if isinstance(msg, CallResult) and msg.id == "emb":
+        if isinstance(msg, EmbedResult) and msg.id == "emb":
             break
     assert msg.error is not None and "aborted" in msg.error.message
     assert time.monotonic() - t0 < 5  # it stopped; the remaining inputs (about 20 s) were not computed
-    client.send(Call("emb2", "embed", texts=["again"]))
+    client.send(Embed("emb2", inputs=["again"]))
     msg = client.recv(10)
-    assert isinstance(msg, CallResult) and msg.embeddings and len(msg.embeddings) == 1
+    assert isinstance(msg, EmbedResult) and msg.embeddings and len(msg.embeddings) == 1
 
 
 # ---- finding 10: control tokens inside a message's content were parsed as control tokens ----------------------
