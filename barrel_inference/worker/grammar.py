@@ -20,7 +20,7 @@ from ..protocol import ErrorCode
 @dataclass(frozen=True)
 class GrammarLimits:
     max_repetition: int = 1000  # maxLength / minLength / maxItems / minItems / regex {m,n} / GBNF {m,n}
-    max_enum: int = 256  # values of one enum (each is an alternative the sampler checks per token)
+    max_enum: int = 128  # values of one enum (each is an alternative the sampler checks per token)
     max_schema_nodes: int = 4096  # objects and arrays in the schema
     max_schema_depth: int = 64
     max_grammar_bytes: int = 262_144  # the GBNF text, given or converted
