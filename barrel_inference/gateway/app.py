@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health
+from . import health, system
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
@@ -160,7 +160,7 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )

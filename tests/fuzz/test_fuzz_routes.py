@@ -182,7 +182,7 @@ def fake_target(tiny_gguf):
     registry.register_local("tiny", tiny_gguf)
     target = Target(s, registry, ModelManager(s, registry, logger=quiet_logger(s)))
     target.loop.run_until_complete(worker.start())  # on the loop the requests run on
-    s.models[model] = ModelSettings(endpoint=worker.endpoint)
+    s.models[model] = ModelSettings(endpoint=worker.endpoint, insecure=True)
     target.model = model
     yield target
     target.loop.run_until_complete(worker.stop())
