@@ -301,7 +301,8 @@ class WorkerServer:
         except EngineError as exc:
             self._end(msg.id, peer)
             param = "response_format" if msg.json_schema is not None else ("grammar" if msg.grammar is not None else None)
-            self._post_out(peer, Tick(done=[error_done(msg.id, ErrorCode(exc.code), f"cannot build the sampler: {exc}", param)]))
+            code = ErrorCode(exc.code) if exc.code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
+            self._post_out(peer, Tick(done=[error_done(msg.id, code, f"cannot build the sampler: {exc}", param)]))
             return
         except Exception as exc:  # noqa: BLE001 - a bug in preparing one request fails that request only
             self.log("prepare_error", id=msg.id, error=repr(exc))
