@@ -42,9 +42,6 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # true: control tokens are parsed inside message contents too (a user's "<start_of_turn>" opens a
     # turn); the default recognises them in the chat template's own text only
     content_special: bool | None = None
-    # admission (the gateway's per-model queue; not passed to the worker)
-    max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
-    queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
     # that worker's CURVE public key file (NAME.key from `bictl worker keygen`): the gateway talks
     # only to a worker holding the matching secret key, over an encrypted link
     server_key: str | None = None
@@ -52,6 +49,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # admission (the gateway's per-model queue; not passed to the worker)
+    max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
+    queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -61,7 +61,7 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, queue_timeout_ms=60_000, extra_buffers="auto")
+BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000)
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
