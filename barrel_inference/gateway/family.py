@@ -30,6 +30,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.QUEUE_TIMEOUT: 504,

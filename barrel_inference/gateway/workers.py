@@ -149,6 +149,7 @@ class ModelManager:
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
+        self.metrics: Any = None  # the app's GatewayMetrics: worker starts and exits are counted there
         self.fallbacks = fallbacks if fallbacks is not None else FallbackStore.in_cache_dir(settings.cache_dir())
         self._failures: dict[str, tuple[int, float, str]] = {}  # name -> (failures in a row, retry at, why)
 
@@ -312,11 +313,19 @@ class ModelManager:
             await proc.stop(timeout=2.0)
             self.log.error("worker_start_failed", model=record.name, reason=str(exc))
             raise
+        if hello.pid != proc.pid:  # the socket answered, but not from the process started here
+            exited.cancel()
+            await link.close()
+            await proc.stop(timeout=2.0)
+            self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
+            raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
         )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.worker_started(record.name)
         watcher = asyncio.create_task(self._watch(handle, exited), name=f"watch-{record.name}")
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -328,6 +337,8 @@ class ModelManager:
             return
         proc = handle.process
         reason = proc.describe_exit() if proc else "worker exited"
+        if self.metrics is not None:
+            self.metrics.worker_exited(handle.name, proc.returncode if proc else None)
         self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason,
                        worker_output=proc.last_output() if proc else [])  # fmt: skip
         info = handle.hello.engine_info

@@ -11,7 +11,8 @@ Rules for changing the link:
 
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
-tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget.
+tool_call_invalid, forbidden / unsupported_media_type (gateway-side), Submit's tool_choice / parallel_tool_calls /
+template_kwargs / thinking_budget.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class ErrorCode(str, enum.Enum):
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
+    FORBIDDEN = "forbidden"  # a Host or web Origin this server does not answer (browser safety)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON on a JSON route
     INTERNAL = "internal"
 
 

@@ -13,6 +13,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
+An Embed with an input containing STALL is never answered.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ class FakeWorker:
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
             elif isinstance(msg, HelperCall.__args__):
                 self.calls.append(msg)
-                await self._send(peer, self.call(msg))
+                result = self.call(msg)
+                if result is not None:  # None: a call that never ends (until the gateway gives up on it)
+                    await self._send(peer, result)
             elif isinstance(msg, Ping):
                 self.pings += 1
                 if self.answer_pings:
@@ -143,6 +146,8 @@ class FakeWorker:
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
+        if isinstance(msg, Embed) and any(isinstance(i, str) and "STALL" in i for i in msg.inputs):
+            return None
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
             if "NOEMBED" in msg.inputs:
                 return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
