@@ -39,7 +39,7 @@ FLAVOURS = {
 
 
 class Worker:
-    """A WorkerServer in-process: requests go through its _submit, ticks to a collector."""
+    """A WorkerServer in-process: requests go through its _submit and preparation threads, ticks to a collector."""
 
     def __init__(self, path, *, template=None, thinking=None, replay=None, tool_format=None):
         extra = resolve("default", "auto").extra_buffers  # off on CPUs whose repacked layouts crash llama.cpp
@@ -50,6 +50,7 @@ class Worker:
         self.server = WorkerServer(self.engine, tmpl, model="tiny", bind="ipc:///nowhere", n_ctx=4096, tools=self.tools)
         self.c = Collector()
         self.server.scheduler = Scheduler(self.engine, self.c.emit, n_ctx=4096)
+        self.server._post_out = self.c.emit  # refusals found while preparing (off the scheduler thread)
         self.server.scheduler.start()
         self.n = 0
 
