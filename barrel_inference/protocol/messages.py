@@ -31,6 +31,7 @@ __all__ = [
     "Delta",
     "Usage",
     "Timings",
+    "CacheInfo",
     "Done",
     "Tick",
     "CallResult",
@@ -218,6 +219,25 @@ class Timings(msgspec.Struct):
     decode_ms: float = 0.0
 
 
+class CacheInfo(msgspec.Struct, omit_defaults=True):
+    """How a request's prompt prefix was found, and the worker's saved-state tiers after it.
+
+    kind: sticky (the session's own sequence), prefix (an idle cache the prompt extends), copy (a
+    prefix copied from another sequence), ram / disk (a saved state restored), cold (nothing).
+    miss: why a known session reused less than its previous turn committed: "evicted",
+    "diverged-at=<token index>", "template-changed" or "model-reloaded"; empty otherwise.
+    """
+
+    kind: str = "cold"
+    miss: str = ""
+    evaluated_tokens: int = 0  # prompt tokens computed (prompt_tokens - cached_tokens)
+    ram_bytes: int = 0
+    ram_entries: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    evictions: int = 0  # caches taken out of sequences so far (saved to a tier or lost)
+
+
 class Done(msgspec.Struct, omit_defaults=True):
     id: str
     finish_reason: FinishReason
@@ -225,6 +245,7 @@ class Done(msgspec.Struct, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: Timings = msgspec.field(default_factory=Timings)
     error: ErrorInfo | None = None
+    cache: CacheInfo | None = None
 
 
 class Tick(msgspec.Struct, tag="tick", tag_field="kind", omit_defaults=True):

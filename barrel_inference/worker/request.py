@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ..protocol import Delta, Done, ErrorInfo, FinishReason, Timings, Usage
+from ..protocol import CacheInfo, Delta, Done, ErrorInfo, FinishReason, Timings, Usage
 from .detok import IncrementalDetokenizer
 from .stops import StopMatcher
 
@@ -22,7 +22,7 @@ class Request:
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
         "detok", "stops", "pending_text", "pending_tokens", "pending_n", "history",
-        "t_submit", "t_start", "t_first", "t_end",
+        "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on",
     )  # fmt: skip
 
     def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
@@ -54,6 +54,10 @@ class Request:
         self.t_start = 0.0
         self.t_first = 0.0
         self.t_end = 0.0
+        self.cache_kind = "cold"  # how the prompt's prefix was found: see worker/kvreuse.py
+        self.cache_miss = ""  # why a known session reused less than its last turn committed
+        self.parked = False  # has waited once for a saved state to load from disk
+        self.parked_on = None  # the entry it waits for
 
     # ---- output -------------------------------------------------------------------------
     def take_delta(self) -> Delta | None:
@@ -77,4 +81,5 @@ class Request:
             decode_ms=(now - first) * 1000.0 if self.t_first else 0.0,
         )
         usage = Usage(len(self.prompt), self.generated, self.n_cached)
-        return Done(self.id, reason, stop, usage, timings, error)
+        cache = CacheInfo(self.cache_kind, self.cache_miss, len(self.prompt) - self.n_cached)
+        return Done(self.id, reason, stop, usage, timings, error, cache)
