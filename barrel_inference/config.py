@@ -38,6 +38,11 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
+    # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
+    max_retained_tokens: int | None = None
+    kv_ram_bytes: int | None = None
+    kv_disk_bytes: int | None = None
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -47,7 +52,13 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
+BUILTIN_MODEL_SETTINGS = ModelSettings(
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256,
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30,
+)  # fmt: skip
+
+# Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
+CLAUDE_CODE_ATTRIBUTION = r"(?m)^x-anthropic-billing-header:[^\n]*(\n|$)"
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,6 +66,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     port: int = DEFAULT_PORT
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
+    kv_cache_dir: str | None = None  # disk tier of saved KV states; default: "kv" beside the model cache
+    # regexes whose matches are removed from system messages before rendering, so that a line that
+    # changes every request does not defeat prefix reuse (default: Claude Code's attribution line)
+    prompt_normalizers: list[str] = msgspec.field(default_factory=lambda: [CLAUDE_CODE_ATTRIBUTION])
     aliases: dict[str, str] = {}
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
@@ -85,6 +100,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
+
+    def kv_dir(self) -> Path:
+        if self.kv_cache_dir:
+            return Path(self.kv_cache_dir).expanduser()
+        return self.cache_dir().parent / "kv"
 
     def run_dir(self) -> Path:
         if self.runtime_dir:

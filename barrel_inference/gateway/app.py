@@ -19,6 +19,7 @@ from .errors import GatewayError
 from .http import JSONBody
 from .logging import make_logger
 from .metrics import GatewayMetrics
+from .sessions import PromptNormalizer
 from .openai import routes as openai_routes
 from .openai.convert import error_body, error_status
 from .workers import ModelManager
@@ -122,6 +123,7 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     app.state.models = models
     app.state.metrics = GatewayMetrics()
     app.state.log = log
+    app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
     app.add_middleware(ErrorMiddleware, log=log)
     return app
 

@@ -42,6 +42,9 @@ _FLAGS = {
     "main_gpu": "--main-gpu",
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
+    "max_retained_tokens": "--max-retained-tokens",
+    "kv_ram_bytes": "--kv-ram-bytes",
+    "kv_disk_bytes": "--kv-disk-bytes",
 }
 
 

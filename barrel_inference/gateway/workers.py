@@ -27,7 +27,7 @@ from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
 from .logging import make_logger
-from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
+from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, slug, worker_argv
 
 UNLOAD_DRAIN_S = 2.0
 
@@ -196,7 +196,8 @@ class ModelManager:
         run_dir = self.settings.run_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         endpoint = ipc_endpoint(run_dir, record.name)
-        proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts), self.log)
+        argv = worker_argv(self.command, endpoint, record, opts) + ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
+        proc = WorkerProcess(record.name, argv, self.log)
         await proc.start()
         link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)
         connecting = asyncio.create_task(link.connect(timeout))

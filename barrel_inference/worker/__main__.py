@@ -35,6 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--max-retained-tokens", type=int, default=None,
+                   help="tokens idle sequences keep in the KV cache together (least recently used dropped first)")
+    p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
@@ -82,7 +87,8 @@ def main(argv=None) -> int:
         return 2
     n_ctx = min(args.n_ctx, engine.n_ctx)
     server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
-                          prefill_chunk=args.prefill_chunk, log=_log)  # fmt: skip
+                          prefill_chunk=args.prefill_chunk, log=_log, max_retained_tokens=args.max_retained_tokens,
+                          kv_ram_bytes=args.kv_ram_bytes, kv_disk_bytes=args.kv_disk_bytes, kv_dir=args.kv_dir)  # fmt: skip
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx,

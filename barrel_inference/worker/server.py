@@ -8,6 +8,7 @@ render, stats) are answered between ticks. The main thread only waits for a stop
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -20,6 +21,8 @@ from ..protocol import (
     Submit, Tick, WorkerCodec,
 )  # fmt: skip
 from .engine_api import Engine, EngineError
+from .kvreuse import KvReuse
+from .kvstore import KvStore
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -30,7 +33,8 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, max_retained_tokens: int | None = None,
+                 kv_ram_bytes: int = 0, kv_disk_bytes: int = 0, kv_dir: str | None = None):  # fmt: skip
         self.engine = engine
         self.template = template
         self.model = model
@@ -40,7 +44,25 @@ class WorkerServer:
         self.codec = WorkerCodec()
         self.zctx = zmq.Context.instance()
         self.prompts = PromptBuilder(engine, template, n_ctx, model)
-        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
+        self.kv_selftest: dict | None = None
+        self.store: KvStore | None = None
+        exact_up_to = None
+        if kv_ram_bytes > 0:
+            # restoring a saved state must reproduce the logits of the run that made it: checked
+            # once per model; where it holds only up to some length, longer states are not saved
+            self.kv_selftest = engine.state_selftest()
+            exact_up_to = self.kv_selftest["exact_up_to"]
+            self.log("kv_selftest", model=model, **self.kv_selftest)
+            if exact_up_to != 0:
+                namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
+                self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
+                                     directory=kv_dir, log=self.log)  # fmt: skip
+        template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
+        reuse = KvReuse(engine, n_seq=engine.n_seq_max, store=self.store, max_retained_tokens=max_retained_tokens,
+                        exact_up_to=exact_up_to, template_id=template_id, log=self.log)  # fmt: skip
+        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse)
+        if self.store is not None:
+            self.store.on_loaded = self.scheduler.entry_loaded
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
         self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
@@ -121,6 +143,8 @@ class WorkerServer:
         finally:
             self.scheduler.request_stop()
             thread.join(10)
+            if self.store is not None:
+                self.store.close()
             if self.bind.startswith("ipc://"):
                 Path(self.bind[len("ipc://") :]).unlink(missing_ok=True)
 
@@ -179,7 +203,10 @@ class WorkerServer:
                 vectors, count = e.embed(msg.texts if msg.texts is not None else [msg.text or ""])
                 return CallResult(msg.id, embeddings=vectors, count=count)
             if msg.op == "stats":
-                return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
+                stats = {"model": self.model, "pid": os.getpid(), **self.scheduler.stats()}
+                if self.kv_selftest is not None:
+                    stats["kv_selftest"] = self.kv_selftest
+                return CallResult(msg.id, stats=stats)
         except (PromptError, TemplateError) as exc:
             return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
         except EngineError as exc:

@@ -12,6 +12,7 @@ from starlette.routing import Route
 from ...protocol import Call, Delta, Submit
 from ..errors import GatewayError, invalid
 from ..generation import Generation, record_rejected
+from ..sessions import CACHE_MISS_HEADER, prepare
 from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 from .convert import (
     chat_response,
@@ -84,6 +85,7 @@ async def _generate(
     created = int(time.time())
     request_id = client_request_id(request) or submit.id
     headers = {"x-request-id": request_id}
+    prepare(submit, getattr(state, "normalizer", None), request.headers)
     opening = Generation.open(state, api=api, model=model, submit=submit, stream_response=stream, request_id=request_id)
     try:
         gen = await until_disconnect(request, opening)
@@ -104,6 +106,8 @@ async def _generate(
         gen.close()
     if (info := done_error(done)) is not None:
         return error_response(GatewayError.from_info(info), request_id)
+    if done.cache is not None and done.cache.miss:
+        headers[CACHE_MISS_HEADER] = done.cache.miss
     return JSONBody(make_response(submit.id, model, created, text, done), headers=headers)
 
 
