@@ -68,6 +68,7 @@ class KvReuse:
         plan = self.pool.acquire(req.session, prompt, live)
         if plan is None:
             return False
+        req.seq = plan.seq
         if plan.evict is not None:
             self._save(plan.evict)
         e, seq = self.engine, plan.seq
@@ -146,12 +147,21 @@ class KvReuse:
             self.engine.seq_clear(seq)
         self.sessions.pop(session, None)
 
+    def persist(self) -> None:
+        """At shutdown: idle sequences' caches go to the tiers, the RAM tier to disk."""
+        if self.store is None:
+            return
+        for slot in self.pool.slots:
+            if not slot.busy and slot.tokens:
+                self._save(Evicted(slot.seq, slot.tokens, slot.session), count=False)
+        self.store.persist()
+
     def reset(self) -> None:
         """The context was recreated: every sequence is empty (saved tiers stay valid)."""
         self.pool.reset()
 
-    def _save(self, ev: Evicted) -> None:
-        self.evictions += 1
+    def _save(self, ev: Evicted, count: bool = True) -> None:
+        self.evictions += count
         n = len(ev.tokens)
         store = self.store
         if store is None or n < MIN_SAVE or (self.exact_up_to is not None and n > self.exact_up_to):

@@ -121,6 +121,9 @@ class KvStore:
         best, best_n = None, 0
         with self._lock:
             entries = list(self._entries.values())
+        if not entries:
+            return None, 0
+        prompt = prompt if isinstance(prompt, array) else array("i", prompt)
         for e in entries:
             n = common_prefix(e.tokens, prompt)
             if n > best_n or (n == best_n and best is not None and n and e.data is not None and best.data is None):
@@ -158,7 +161,17 @@ class KvStore:
                 "namespace": self.ns, **self.counts,
             }  # fmt: skip
 
-    def close(self, timeout: float = 5.0) -> None:
+    def persist(self) -> None:
+        """Queue every RAM entry that has no file yet for writing (at shutdown: saved states
+        survive the restart)."""
+        with self._lock:
+            if self._thread is None:
+                return
+            for e in sorted(self._entries.values(), key=lambda e: -e.last_used):
+                if e.data is not None and not e.on_disk and e.size <= self.disk_bytes:
+                    self._jobs.put(("write", e, e.data))
+
+    def close(self, timeout: float = 30.0) -> None:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join(timeout)

@@ -142,7 +142,14 @@ class Scheduler:
             req = self.waiting[i]
             if live is None:  # what busy sequences have committed: their prefixes can be copied
                 live = {r.seq: (r.prompt, min(r.n_past, len(r.prompt))) for r in self.active if r.seq >= 0}
-            got = self.reuse.admit(req, live)
+            try:
+                got = self.reuse.admit(req, live)
+            except Exception as exc:  # a bug in reuse fails this request, never the queue behind it
+                del self.waiting[i]
+                self.log("admit_error", id=req.id, error=repr(exc))
+                self.reuse.unadmit(req)
+                self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(ErrorCode.INTERNAL, f"internal error admitting the request: {exc!r}", retryable=True))
+                continue
             if got is False:  # no sequence free: keep the order
                 return
             del self.waiting[i]
@@ -308,6 +315,10 @@ class Scheduler:
         self.parked = []
         self.active = []
         self._send(out)
+        try:
+            self.reuse.persist()
+        except Exception as exc:  # saving caches at exit is a bonus, never a reason to hang
+            self.log("kv_persist_failed", error=repr(exc))
 
     def stats(self) -> dict:
         return {

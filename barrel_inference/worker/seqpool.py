@@ -97,7 +97,7 @@ class SeqPool:
                 target, kind = max(extend, key=lambda s: (len(s.tokens), -s.last_used)), "prefix"
             else:
                 empty = [s for s in free if not s.tokens]
-                target = min(empty or free, key=lambda s: (s.last_used, len(s.tokens)))
+                target, kind = min(empty or free, key=lambda s: (s.last_used, len(s.tokens))), "prefix"
         keep = common_prefix(target.tokens, prompt)
         evict = None
         if target.tokens and keep < len(target.tokens) and kind != "sticky":
@@ -197,6 +197,10 @@ class SeqPool:
 
 
 def common_prefix(a, b, limit: int | None = None) -> int:
+    """Length of the common prefix of two token sequences (lists or arrays, mixed)."""
+    if type(a) is not type(b):
+        a = a if isinstance(a, list) else list(a)
+        b = b if isinstance(b, list) else list(b)
     n = min(len(a), len(b))
     if limit is not None:
         n = min(n, limit)
@@ -204,7 +208,7 @@ def common_prefix(a, b, limit: int | None = None) -> int:
     while i < n:  # whole chunks compare at C speed; only the diverging chunk is walked
         j = min(n, i + step)
         if a[i:j] != b[i:j]:
-            while a[i] == b[i]:
+            while i < j and a[i] == b[i]:
                 i += 1
             return i
         i = j
