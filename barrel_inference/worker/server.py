@@ -17,9 +17,10 @@ import msgspec
 import zmq
 
 from ..protocol import (
-    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, ErrorCode, ErrorInfo, Hello, Ping, Pong,
+    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, EngineInfo, ErrorCode, ErrorInfo, Hello, Ping, Pong,
     Submit, Tick, WorkerCodec,
 )  # fmt: skip
+from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError
 from .kvreuse import KvReuse
 from .kvstore import KvStore
@@ -33,9 +34,21 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None, max_retained_tokens: int | None = None,
-                 kv_ram_bytes: int = 0, kv_disk_bytes: int = 0, kv_dir: str | None = None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, engine_info: EngineInfo | None = None,
+                 curve: tuple[str, str] | None = None, insecure: bool = False,
+                 max_retained_tokens: int | None = None, kv_ram_bytes: int = 0, kv_disk_bytes: int = 0,
+                 kv_dir: str | None = None):  # fmt: skip
+        if bind.startswith("tcp://") and curve is None and not insecure:
+            raise ValueError(
+                f"refusing to serve {bind} without CURVE keys: anyone who reaches the port could drive the model; "
+                "give --curve-secret-key and --curve-clients (bictl worker keygen), or --insecure"
+            )
+        if curve is not None:
+            check_server_keys(*curve)
+        self.curve = curve  # (this worker's secret key file, directory of authorized gateway public keys)
+        self.insecure = insecure
         self.engine = engine
+        self.engine_info = engine_info
         self.template = template
         self.model = model
         self.bind = bind
@@ -100,13 +113,21 @@ class WorkerServer:
         router = self.zctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        auth = None
+        if self.curve is not None:
+            auth = secure_server(self.zctx, router, *self.curve)
+        elif self.bind.startswith("tcp://"):
+            self.log("insecure_link", bind=self.bind, level="warning",
+                     warning="plain tcp without CURVE keys: anyone who reaches this port can use the model")  # fmt: skip
         router.bind(self.bind)
         self._router = router
-        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid(), curve=self.curve is not None)
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
             router.close(0)
+            if auth is not None:
+                auth.stop()
             self._stop.set()
 
     def hello(self) -> Hello:
@@ -124,7 +145,14 @@ class WorkerServer:
             bos_token=self.template.bos_token,
             eos_token=self.template.eos_token,
             pid=os.getpid(),
+            engine_info=self.engine_info,
         )
+
+    def _engine_stats(self) -> dict:
+        info = self.engine_info
+        if info is None:
+            return {}
+        return {"engine_profile": info.profile, "extra_buffers": info.extra_buffers, "weight_buffers": info.weight_buffers}
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,7 +231,7 @@ class WorkerServer:
                 vectors, count = e.embed(msg.texts if msg.texts is not None else [msg.text or ""])
                 return CallResult(msg.id, embeddings=vectors, count=count)
             if msg.op == "stats":
-                stats = {"model": self.model, "pid": os.getpid(), **self.scheduler.stats()}
+                stats = {"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()}
                 if self.kv_selftest is not None:
                     stats["kv_selftest"] = self.kv_selftest
                 return CallResult(msg.id, stats=stats)
