@@ -62,6 +62,7 @@ class RunningModel(msgspec.Struct):
     extra_buffers: bool | None = None
     engine_reason: str = ""
     weight_buffers: list[str] = []
+    kv_selftest: dict | None = None  # does a saved KV state restore exactly (see EngineInfo)
 
 
 class WorkerHandle:
@@ -120,6 +121,7 @@ class WorkerHandle:
             extra_buffers=h.engine_info.extra_buffers if h.engine_info else None,
             engine_reason=h.engine_info.reason if h.engine_info else "",
             weight_buffers=list(h.engine_info.weight_buffers) if h.engine_info else [],
+            kv_selftest=h.engine_info.kv_selftest if h.engine_info else None,
         )  # fmt: skip
 
 

@@ -191,6 +191,9 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     system_info: str = ""  # llama.cpp's llama_print_system_info()
     llama_cpp_version: str = ""
     warmup_ms: float = 0.0
+    # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
+    # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
+    kv_selftest: dict | None = None
 
 
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):

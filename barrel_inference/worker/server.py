@@ -66,6 +66,8 @@ class WorkerServer:
             self.kv_selftest = engine.state_selftest()
             exact_up_to = self.kv_selftest["exact_up_to"]
             self.log("kv_selftest", model=model, **self.kv_selftest)
+            if self.engine_info is not None:
+                self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
             if exact_up_to != 0:
                 namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
                 self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,

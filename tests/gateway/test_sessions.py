@@ -72,3 +72,14 @@ def test_cache_metrics():
     assert 'barrel_inference_cache_misses_total{model="tiny",reason="diverged-at"} 1.0' in text
     assert 'barrel_inference_kv_evictions_total{model="tiny"} 3.0' in text
     assert 'barrel_inference_kv_tier_bytes{model="tiny",tier="ram"} 0.0' in text  # the latest figures
+
+
+def test_kv_selftest_line_of_the_doctor_report():
+    from barrel_inference.sysreport import kv_selftest_text
+
+    assert kv_selftest_text(None).startswith("off")
+    exact = {"exact_up_to": None, "probes": [{"tokens": 256, "exact": True, "max_abs_diff": 0.0}]}
+    assert kv_selftest_text(exact) == "exact (256 tokens exact)"
+    swa = {"exact_up_to": 512, "probes": [{"tokens": 512, "exact": True, "max_abs_diff": 0.0},
+                                         {"tokens": 576, "exact": False, "max_abs_diff": 1.5}]}  # fmt: skip
+    assert kv_selftest_text(swa) == "exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 1.5)"

@@ -50,6 +50,9 @@ def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
         s = stats(c)
         assert s["kv_selftest"]["probes"] and s["kv_selftest"]["exact_up_to"] is None
         assert s["cache"]["hits"]["ram"] >= 1
+        system = c.get("/api/system").json()  # what `bictl doctor` shows
+        (model,) = [m for m in system["models"] if m["name"] == "tiny:latest"]
+        assert model["kv_selftest"] == s["kv_selftest"]
         metrics = c.get("/metrics").text
         assert 'barrel_inference_cache_hits_total{kind="ram",model="tiny:latest"}' in metrics
         assert 'barrel_inference_cache_misses_total{model="tiny:latest",reason="diverged-at"}' in metrics
