@@ -167,6 +167,7 @@ class Scheduler:
             live[req.seq] = (req.prompt, req.n_past)
             req.phase = Phase.PREFILL
             req.t_start = time.perf_counter()
+            out.setdefault(req.peer, Tick()).accepted.append(req.accepted(self.n_ctx))
 
     def _tick(self, out) -> None:
         prof = self.profile
@@ -237,8 +238,7 @@ class Scheduler:
         if r.want_tokens:
             r.pending_tokens.append(tok)
         text, stop = r.stops.push(r.detok.feed(tok))
-        if text:
-            r.pending_text.append(text)
+        r.emit_text(text)
         if stop is not None:
             self._finish(r, out, FinishReason.STOP, stop=stop)
         elif r.max_tokens is not None and r.generated >= r.max_tokens:
@@ -252,9 +252,8 @@ class Scheduler:
     def _finish(self, r: Request, out, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None):
         if reason in (FinishReason.STOP, FinishReason.LENGTH) and stop is None:
             tail = r.stops.flush() + r.detok.flush()
-            if tail:
-                r.pending_text.append(tail)
-        tick = out.setdefault(r.peer, Tick([], []))
+            r.emit_text(tail)
+        tick = out.setdefault(r.peer, Tick())
         if reason is not FinishReason.ABORT and reason is not FinishReason.ERROR:
             d = r.take_delta()
             if d is not None:
@@ -302,7 +301,7 @@ class Scheduler:
         for r in self.active:
             d = r.take_delta()
             if d is not None:
-                out.setdefault(r.peer, Tick([], [])).deltas.append(d)
+                out.setdefault(r.peer, Tick()).deltas.append(d)
         for peer, tick in out.items():
             self.emit(peer, tick)
         self.profile.add_send(time.perf_counter() - t0)
