@@ -48,7 +48,8 @@ def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
         at = int(r3.headers["x-cache-miss"].split("=")[1])
         assert 0 < at < u1["prompt_tokens"]
         # streamed: the header comes with the response head, before any output
-        with c.stream("POST", "/v1/chat/completions", json=body(first, stream=True), headers={"x-session-id": "A"}) as rs:
+        again = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "turn uno"}]
+        with c.stream("POST", "/v1/chat/completions", json=body(again, stream=True), headers={"x-session-id": "A"}) as rs:
             assert rs.status_code == 200 and rs.headers["x-cache-miss"].startswith("diverged-at=")
             rs.read()
         s = stats(c)
