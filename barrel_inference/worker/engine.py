@@ -352,8 +352,11 @@ class LlamaEngine:
         self.seq_clear(seq)
         if not data:
             return False
-        data = bytes(data)
-        buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # read only: no copy
+        if isinstance(data, bytearray):  # no copy either way: llama.cpp only reads it
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            data = bytes(data)
+            buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq) == 0:
             self.seq_clear(seq)
             return False

@@ -16,6 +16,7 @@ later turn of the session reuses less (`evicted`, `diverged-at=<index>`, `templa
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class KvReuse:
         self.reused_tokens = 0
         self.evaluated_tokens = 0
         self.evictions = 0  # caches taken out of sequences (saved or lost)
+        self.save_ms_max = 0.0  # the longest state copy out of / into llama.cpp on the scheduler thread
+        self.restore_ms_max = 0.0
 
     # ---- admission ----------------------------------------------------------------------
     def admit(self, req, live: Live) -> bool | None:
@@ -77,7 +80,10 @@ class KvReuse:
         data = store.take(entry) if entry is not None and n_t > max(keep, copy_n) else None
         if data is not None:
             from_disk = entry.on_disk and req.parked
-            if e.state_seq_load(seq, data) and self._fit(seq, entry.n, n_t):
+            t0 = time.perf_counter()
+            loaded = e.state_seq_load(seq, data)
+            self.restore_ms_max = max(self.restore_ms_max, (time.perf_counter() - t0) * 1000.0)
+            if loaded and self._fit(seq, entry.n, n_t):
                 n, kind = n_t, "disk" if from_disk else "ram"
             else:
                 e.seq_clear(seq)
@@ -170,7 +176,9 @@ class KvReuse:
         if found is not None and n_have == n == found.n:
             store.take(found)  # already saved: only mark it used
             return
+        t0 = time.perf_counter()
         data = self.engine.state_seq_save(ev.seq)
+        self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
         store.put(ev.tokens, data, session=ev.session, template=self.template_id)
 
     # ---- explanations -------------------------------------------------------------------
@@ -197,7 +205,8 @@ class KvReuse:
         out = {
             "hits": dict(self.hits), "reused_tokens": self.reused_tokens, "evaluated_tokens": self.evaluated_tokens,
             "evictions": self.evictions, "retained_tokens": self.pool.retained(), "max_retained_tokens": self.max_retained,
-            "sessions": len(self.sessions),
+            "sessions": len(self.sessions), "save_ms_max": round(self.save_ms_max, 2),
+            "restore_ms_max": round(self.restore_ms_max, 2),
         }  # fmt: skip
         if self.store is not None:
             out["tiers"] = self.store.stats()

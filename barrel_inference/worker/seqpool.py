@@ -150,11 +150,12 @@ class SeqPool:
 
     def over_retention(self, limit: int) -> list[Slot]:
         """Idle sequences to drop, least recently used first, until idle caches hold at most
-        `limit` tokens together."""
+        `limit` tokens together. The most recently used idle cache is always kept (a lone
+        conversation keeps its own cache whatever its length)."""
         idle = sorted((s for s in self.slots if not s.busy and s.tokens), key=lambda s: s.last_used)
         total = sum(len(s.tokens) for s in idle)
         out = []
-        for s in idle:
+        for s in idle[:-1]:
             if total <= limit:
                 break
             out.append(s)

@@ -108,6 +108,7 @@ def test_retention_bound_drops_least_recently_used_idle_caches():
     drop = pool.over_retention(15)
     assert [s.seq for s in drop] == [leases[0].seq, leases[1].seq]
     assert pool.over_retention(30) == []
+    assert [s.seq for s in pool.over_retention(0)] == [leases[0].seq, leases[1].seq]  # the latest stays
 
 
 def test_end_session_unpins():
