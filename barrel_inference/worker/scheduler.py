@@ -3,7 +3,9 @@
 Each tick builds ONE batch: the next token of every decoding sequence, then a chunk of each
 prefilling prompt (at most `prefill_chunk` tokens each, within n_batch), decodes it once and
 samples every sequence whose logits came out. A request that arrives while others stream joins
-the next tick; an abort frees its sequence at the start of the next tick.
+the next tick; an abort frees its sequence at the start of the next tick. Which sequence a new
+request gets, and what of its prompt is already in the KV cache, is kvreuse.py's business; a
+request whose best prefix is on disk waits in `parked` until the store has read it.
 """
 
 from __future__ import annotations
