@@ -186,9 +186,13 @@ class KvReuse:
         if not session:
             return ""
         rec = self.sessions.get(session)
-        if rec is None:
-            stale = self.store.stale_sessions.pop(session, "") if self.store is not None else ""
-            return stale
+        if rec is None:  # not seen since this worker started: what the disk tier knows of it
+            if self.store is None:
+                return ""
+            had = self.store.template_changed.pop(session, 0)
+            if had and n < min(had, len(prompt) - 1):
+                return "template-changed"
+            return self.store.stale_sessions.pop(session, "")
         self.sessions.move_to_end(session)
         prev = rec.tokens
         best = min(len(prev), len(prompt) - 1)

@@ -66,7 +66,7 @@ def entry_key(ns: str, tokens) -> str:
 
 class KvStore:
     def __init__(self, *, namespace: dict, ram_bytes: int, disk_bytes: int = 0, directory: str | Path | None = None,
-                 log=None, on_loaded: Callable[[Entry, bool], None] | None = None):  # fmt: skip
+                 log=None, on_loaded: Callable[[Entry, bool], None] | None = None, template: str = ""):  # fmt: skip
         self.ns = namespace_id(namespace)
         self.namespace = namespace
         self.ram_bytes = max(0, ram_bytes)
@@ -79,7 +79,9 @@ class KvStore:
         self._clock = 0
         self.ram_used = 0
         self.disk_used = 0
+        self.template = template  # the chat template in use (entries stay valid across templates: tokens decide)
         self.stale_sessions: dict[str, str] = {}  # session -> why its saved state is gone
+        self.template_changed: dict[str, int] = {}  # session -> tokens it had saved under another template
         self.counts = {"saved": 0, "ram_evictions": 0, "disk_writes": 0, "disk_evictions": 0, "disk_loads": 0,
                        "corrupt": 0, "invalidated": 0}  # fmt: skip
         self._jobs: queue.Queue = queue.Queue()
@@ -259,6 +261,8 @@ class KvStore:
                     continue
                 key = p.name[: -len(SUFFIX)]
                 e = Entry(key, toks, int(hdr["size"]), hdr.get("session"), hdr.get("template", ""), on_disk=True)
+                if e.session and e.template != self.template:
+                    self.template_changed[e.session] = max(e.n, self.template_changed.get(e.session, 0))
                 e.last_used = int(p.stat().st_mtime_ns // 1000)  # older files first out
                 with self._lock:
                     if key not in self._entries:

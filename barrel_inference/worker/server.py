@@ -72,11 +72,11 @@ class WorkerServer:
             self.log("kv_selftest", model=model, **self.kv_selftest)
             if self.engine_info is not None:
                 self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
-            if exact_up_to != 0:
-                namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
-                self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
-                                     directory=kv_dir, log=self.log)  # fmt: skip
         template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
+        if kv_ram_bytes > 0 and exact_up_to != 0:
+            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
+            self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
+                                 directory=kv_dir, log=self.log, template=template_id)  # fmt: skip
         reuse = KvReuse(engine, n_seq=engine.n_seq_max, store=self.store, max_retained_tokens=max_retained_tokens,
                         exact_up_to=exact_up_to, template_id=template_id, log=self.log)  # fmt: skip
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse)

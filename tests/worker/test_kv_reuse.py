@@ -126,19 +126,20 @@ class Conversation:
             assert self.history[k][1] >= len(prev_prompt) + n_gen - 1, (self.name, k, self.kinds[k])
 
 
-def scheduler(engine, *, n_seq=None, store=None, max_retained=None):
+def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t"):
     engine.recreate_context()
     reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_max, store=store, max_retained_tokens=max_retained,
-                    exact_up_to=None, template_id="t")  # fmt: skip
+                    exact_up_to=None, template_id=template)  # fmt: skip
     run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded
     return run
 
 
-def make_store(engine, tmp_path: Path | None, ram: int = 64 << 20, disk: int = 256 << 20, **ns) -> KvStore:
+def make_store(engine, tmp_path: Path | None, ram: int = 64 << 20, disk: int = 256 << 20, template="t", **ns) -> KvStore:
     namespace = {**engine.state_key(), "prefill_chunk": CHUNK, **ns}
-    store = KvStore(namespace=namespace, ram_bytes=ram, disk_bytes=disk if tmp_path else 0, directory=tmp_path)
+    store = KvStore(namespace=namespace, ram_bytes=ram, disk_bytes=disk if tmp_path else 0, directory=tmp_path,
+                    template=template)  # fmt: skip
     assert store.ready.wait(10)
     return store
 
@@ -280,6 +281,22 @@ def test_misses_are_explained(engine):
         a.turn(s, c, "three")
         prompt = a.history[-2][0]
         assert a.misses[2] == f"diverged-at={len(prompt) - 5}"
+
+
+def test_a_template_change_across_a_restart_is_explained(engine, tmp_path):
+    conv = Conversation(engine, "tc", session="TC")
+    store = make_store(engine, tmp_path)
+    with scheduler(engine, store=store) as (s, c):
+        conv.turn(s, c, "one")
+    store.close()
+    store = make_store(engine, tmp_path, template="t2")  # same model and settings, another chat template
+    with scheduler(engine, store=store, template="t2") as (s, c):
+        prompt = conv.next_prompt("two")
+        prompt[0] = (prompt[0] + 1) % 256  # the new template renders the start otherwise
+        s.submit(make_request(engine, "tc-2", prompt, max_tokens=MAX_TOKENS, session="TC"))
+        c.wait(["tc-2"])
+    store.close()
+    assert c.done()["tc-2"].cache.miss == "template-changed"
 
 
 def test_store_spills_ram_to_disk_and_trims_disk(engine, tmp_path):
