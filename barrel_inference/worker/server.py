@@ -149,9 +149,9 @@ class WorkerServer:
         finally:
             self.embedder.stop()
             router.close(0)
+            replies.close(0)
             if auth is not None:
                 auth.stop()
-            replies.close(0)
             self._stop.set()
 
     def hello(self) -> Hello:

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Embed, Submit
+from ...protocol import Embed, Submit, ThinkingPart
 from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
@@ -61,7 +61,11 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        thinking = "".join(p.text for p in result.parts if type(p) is ThinkingPart)
+        if thinking:  # the common extension clients read reasoning from
+            body["choices"][0]["message"]["reasoning_content"] = thinking
+        return body
 
 
 class CompletionAdapter(_OpenAIAdapter):
@@ -80,7 +84,7 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
@@ -94,7 +98,7 @@ async def embeddings(request: Request) -> Response:
             raise GatewayError.from_info(result.error)
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
-        return FAMILY.error_response(exc.info, headers=headers)
+        return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
     usage = {"prompt_tokens": result.count, "total_tokens": result.count}
