@@ -314,3 +314,21 @@ def test_store_spills_ram_to_disk_and_trims_disk(engine, tmp_path):
     store.close()
     assert len(list(tmp_path.glob("*.kv"))) == st["disk_entries"]
     assert os.path.getsize(next(tmp_path.glob("*.kv"))) > 600
+
+
+def test_two_requests_of_one_session_at_once_share_the_prefix(engine):
+    """The second request of a session whose sequence is busy copies the committed prefix from it."""
+    tok = lambda s: engine.tokenize(s, add_special=False)  # noqa: E731
+    first = tok(SYSTEM + "\nuser: write a long story\nassistant:")
+    second = tok(SYSTEM + "\nuser: and a short poem\nassistant:")
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    with scheduler(engine) as (s, c):
+        s.submit(make_request(engine, "long", first, max_tokens=700, session="S"))
+        c.wait_for(lambda: c.first_delta_time("long") is not None)
+        s.submit(make_request(engine, "short", second, max_tokens=4, session="S"))
+        c.wait(["short"])
+        s.abort(["long"])
+        c.wait(["long"])
+    done = c.done()["short"]
+    assert done.cache.kind == "copy" and done.usage.cached_tokens == shared
+    assert c.done()["long"].finish_reason.value == "abort"
