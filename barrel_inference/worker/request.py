@@ -15,6 +15,7 @@ class Phase(enum.Enum):
     PREFILL = 1
     DECODE = 2
     DONE = 3
+    TAIL = 4  # done (its Done is sent); its last sampled token joins one more batch, then its sequence is free
 
 
 class Request:

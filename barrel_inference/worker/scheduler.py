@@ -81,7 +81,7 @@ class Scheduler:
 
     @property
     def n_running(self) -> int:
-        return len(self.active)
+        return sum(1 for r in self.active if r.phase is not Phase.TAIL)
 
     @property
     def n_waiting(self) -> int:
@@ -125,7 +125,7 @@ class Scheduler:
                 for r in [r for r in self.parked if r.id in ids]:
                     self.parked.remove(r)
                     self._finish(r, out, FinishReason.ABORT)
-                for r in [r for r in self.active if r.id in ids]:
+                for r in [r for r in self.active if r.id in ids and r.phase is not Phase.TAIL]:
                     self._finish(r, out, FinishReason.ABORT)
             elif kind == "end_session":
                 self.reuse.end_session(arg)
@@ -139,9 +139,12 @@ class Scheduler:
 
     def _admit(self, out) -> None:
         live = None
+        tails = [r for r in self.active if r.phase is Phase.TAIL]
         i = 0
         while i < len(self.waiting):
             req = self.waiting[i]
+            if tails and any(_continues(req, t) for t in tails):
+                return  # the previous turn's last token enters the cache this tick: admit after it
             if live is None:  # what busy sequences have committed: their prefixes can be copied
                 live = {r.seq: (r.prompt, min(r.n_past, len(r.prompt))) for r in self.active if r.seq >= 0}
             try:
@@ -180,12 +183,13 @@ class Scheduler:
         logits: list[bool] = []
         for r in self.active:
             r.row = -1
-            if r.phase is Phase.DECODE:
-                r.row = len(tokens)
+            if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
+                if r.phase is Phase.DECODE:
+                    r.row = len(tokens)
                 tokens.append(r.last_token)
                 pos.append(r.n_past)
                 seqs.append(r.seq)
-                logits.append(True)
+                logits.append(r.phase is Phase.DECODE)
         n_decode = len(tokens)
         budget = self.n_batch - n_decode
         chunks: list[tuple[Request, int]] = []
@@ -211,9 +215,13 @@ class Scheduler:
             self._decode_failed(status, out)
             return
         for r in self.active:
-            if r.phase is Phase.DECODE:
+            if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
                 r.n_past += 1
                 r.history.append(r.last_token)
+            if r.phase is Phase.TAIL:  # its sequence now holds everything it generated
+                self.reuse.release(r, (r.prompt + r.history)[: r.n_past])
+                r.seq = -1
+                r.phase = Phase.DONE
         for r, take in chunks:
             r.n_past += take
         sampled: list[tuple[Request, int]] = []
@@ -233,6 +241,7 @@ class Scheduler:
             r.phase = Phase.DECODE
             r.t_first = time.perf_counter()
         r.generated += 1
+        r.last_token = tok  # sampled, not yet in the KV cache
         if not r.ignore_eos and self.engine.is_eog(tok):
             self._finish(r, out, FinishReason.STOP)
             return
@@ -265,7 +274,11 @@ class Scheduler:
         if r.sampler is not None:
             r.sampler.free()
             r.sampler = None
-        if r.seq >= 0:
+        if r.seq >= 0 and reason in (FinishReason.STOP, FinishReason.LENGTH) and r.generated and r.n_past + 1 < self.n_ctx:
+            # the last sampled token goes into the cache with the next batch (the next turn's
+            # prompt holds it): the sequence is released after that
+            r.phase = Phase.TAIL
+        elif r.seq >= 0:
             keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None
             self.reuse.release(r, keep)
             r.seq = -1
@@ -282,7 +295,8 @@ class Scheduler:
         err = ErrorInfo(ErrorCode.DECODE_FAILED, f"llama_decode failed with status {status}; the context was recreated", retryable=True)
         for r in self.active:
             r.seq = -1  # the whole context goes: nothing to release per sequence
-            self._finish(r, out, FinishReason.ERROR, error=err)
+            if r.phase is not Phase.TAIL:  # a tail's request is answered already
+                self._finish(r, out, FinishReason.ERROR, error=err)
         self.active = []
         self.reuse.reset()
         self.engine.recreate_context()
@@ -292,8 +306,9 @@ class Scheduler:
         err = ErrorInfo(ErrorCode.INTERNAL, f"internal error in the worker: {exc!r}", retryable=True)
         for r in self.active:
             if r.phase is not Phase.DONE:
-                r.seq = -1
-                self._finish(r, out, FinishReason.ERROR, error=err)
+                tail, r.seq = r.phase is Phase.TAIL, -1
+                if not tail:
+                    self._finish(r, out, FinishReason.ERROR, error=err)
         self.active = []
         self.reuse.reset()
         self.engine.recreate_context()
@@ -311,7 +326,11 @@ class Scheduler:
     def _shutdown(self) -> None:
         out: dict[bytes, Tick] = {}
         for r in list(self.waiting) + self.parked + self.active:
-            self._finish(r, out, FinishReason.ABORT)
+            if r.phase is Phase.TAIL:
+                self.reuse.release(r, (r.prompt + r.history)[: r.n_past])
+                r.seq = -1
+            else:
+                self._finish(r, out, FinishReason.ABORT)
         self.waiting.clear()
         self.parked = []
         self.active = []
@@ -336,6 +355,14 @@ class Scheduler:
             "cache": self.reuse.stats(),
             "profile": self.profile.as_dict(),
         }
+
+
+def _continues(req: Request, tail: Request) -> bool:
+    """Is req the next turn of tail's conversation (same session, or a prompt extending tail's)?"""
+    if req.session is not None and req.session == tail.session:
+        return True
+    n = len(tail.prompt)
+    return len(req.prompt) > n and req.prompt[:n] == tail.prompt
 
 
 def error_done(req_id: str, code: ErrorCode, message: str, param: str | None = None) -> Done:

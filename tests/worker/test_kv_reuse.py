@@ -75,6 +75,8 @@ def replay(e, turns: list[tuple[list[int], int, int]]) -> list[int]:
             pos += 1
             tok = argmax(-1)
             gen.append(tok)
+        if not last:  # the finished turn's last token entered the cache in a batch of its own
+            assert e.decode([tok], [pos], [0], [False]) == 0
         if last:
             out = gen
     return out
@@ -122,8 +124,8 @@ class Conversation:
     def check_cached_grows(self) -> None:
         for k in range(1, len(self.history)):
             prev_prompt, _, n_gen = self.history[k - 1]
-            # everything the previous turn committed: its prompt and all but the last sampled token
-            assert self.history[k][1] >= len(prev_prompt) + n_gen - 1, (self.name, k, self.kinds[k])
+            # everything the previous turn committed: its prompt and every token it generated
+            assert self.history[k][1] >= len(prev_prompt) + n_gen, (self.name, k, self.kinds[k])
 
 
 def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t"):
