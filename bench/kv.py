@@ -99,6 +99,7 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
         async with LoadClient(server.base_url, server.model_id) as c:
             await c.get_json(server.stats_path)  # the worker is loaded before any timing
 
+    shutil.rmtree(kv_dir, ignore_errors=True)  # states saved by earlier runs would make turn 1 warm
     await start()
     async with LoadClient(server.base_url, server.model_id) as c:
         first = await _turn(c, messages, max_tokens, "restart")
@@ -114,6 +115,7 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
     async with LoadClient(server.base_url, server.model_id) as c:
         cold = await _turn(c, list(messages), max_tokens, "restart")
     server.stop()
+    shutil.rmtree(kv_dir, ignore_errors=True)  # what the cold run saved at exit
     hits = ((stats or {}).get("stats") or {}).get("cache", {}).get("hits", {})
     ratio = cold["ttft_ms"] / warm["ttft_ms"] if warm["ttft_ms"] and cold["ttft_ms"] else None
     return {"turn1": first, "restored": warm, "cold": cold, "disk_hits": hits.get("disk"), "cold_over_restored": ratio}
