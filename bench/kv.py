@@ -130,6 +130,8 @@ async def measure(name: str, server: systems.Server, args, count, system: str, k
     rest = [w for w in args.workloads if w in "abd"]
     if not rest:
         return out
+    if kv_dir is not None:
+        shutil.rmtree(kv_dir, ignore_errors=True)  # every workload starts cold
     server.proc = None
     server.start()
     try:
