@@ -54,6 +54,11 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
+    # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
+    max_retained_tokens: int | None = None
+    kv_ram_bytes: int | None = None
+    kv_disk_bytes: int | None = None
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
@@ -66,7 +71,13 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000)
+BUILTIN_MODEL_SETTINGS = ModelSettings(
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000,
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30,
+)  # fmt: skip
+
+# Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
+CLAUDE_CODE_ATTRIBUTION = r"(?m)^x-anthropic-billing-header:[^\n]*(\n|$)"
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -74,6 +85,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     port: int = DEFAULT_PORT
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
+    kv_cache_dir: str | None = None  # disk tier of saved KV states; default: "kv" beside the model cache
+    # regexes whose matches are removed from system messages before rendering, so that a line that
+    # changes every request does not defeat prefix reuse (default: Claude Code's attribution line)
+    prompt_normalizers: list[str] = msgspec.field(default_factory=lambda: [CLAUDE_CODE_ATTRIBUTION])
     aliases: dict[str, str] = {}
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
@@ -133,6 +148,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
+
+    def kv_dir(self) -> Path:
+        if self.kv_cache_dir:
+            return Path(self.kv_cache_dir).expanduser()
+        return self.cache_dir().parent / "kv"
 
     def run_dir(self) -> Path:
         """Worker sockets, the pid file and the daemon's lock. The default is per port, so that two

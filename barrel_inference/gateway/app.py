@@ -24,6 +24,7 @@ from .logging import make_logger
 from .metrics import GatewayMetrics
 from .outcomes import OutcomeCounter
 from .security import BrowserGuard
+from .sessions import PromptNormalizer
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
@@ -171,6 +172,7 @@ def create_app(
     app.state.metrics = GatewayMetrics()
     app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
+    app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
     app.state.families = families
     models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)

@@ -56,6 +56,7 @@ __all__ = [
     "Delta",
     "Usage",
     "Timings",
+    "CacheInfo",
     "Done",
     "Tick",
     "Reply",
@@ -277,6 +278,9 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     system_info: str = ""  # llama.cpp's llama_print_system_info()
     llama_cpp_version: str = ""
     warmup_ms: float = 0.0
+    # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
+    # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
+    kv_selftest: dict | None = None
 
 
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
@@ -354,6 +358,8 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
     n_ctx: int = 0  # the sequence's context (prompt + output)
     tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
+    cache: str = ""  # how the cached prefix was found (CacheInfo.kind)
+    cache_miss: str = ""  # why a known session reused less than its last turn committed (CacheInfo.miss)
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
@@ -384,6 +390,25 @@ class Timings(msgspec.Struct):
     decode_ms: float = 0.0
 
 
+class CacheInfo(msgspec.Struct, omit_defaults=True):
+    """How a request's prompt prefix was found, and the worker's saved-state tiers after it.
+
+    kind: sticky (the session's own sequence), prefix (an idle cache the prompt extends), copy (a
+    prefix copied from another sequence), ram / disk (a saved state restored), cold (nothing).
+    miss: why a known session reused less than its previous turn committed: "evicted",
+    "diverged-at=<token index>", "template-changed" or "model-reloaded"; empty otherwise.
+    """
+
+    kind: str = "cold"
+    miss: str = ""
+    evaluated_tokens: int = 0  # prompt tokens computed (prompt_tokens - cached_tokens)
+    ram_bytes: int = 0
+    ram_entries: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    evictions: int = 0  # caches taken out of sequences so far (saved to a tier or lost)
+
+
 class Done(msgspec.Struct, omit_defaults=True):
     """A request's end. `finish_reason` is a FinishReason once decoded: an unknown value fails the request."""
 
@@ -393,6 +418,7 @@ class Done(msgspec.Struct, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: Timings = msgspec.field(default_factory=Timings)
     error: ErrorInfo | None = None
+    cache: CacheInfo | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.finish_reason, FinishReason):

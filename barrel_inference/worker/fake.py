@@ -103,6 +103,21 @@ class FakeEngine:
     def can_continue(self, seq: int, n_past: int) -> bool:
         return True
 
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        pass
+
+    def state_seq_save(self, seq: int) -> bytes:
+        return b"fake-state"  # the fake keeps no KV: any state restores to nothing
+
+    def state_seq_load(self, seq: int, data) -> bool:
+        return bytes(data) == b"fake-state"
+
+    def state_key(self) -> dict:
+        return {"model": "fake", "n_ctx": self.n_ctx}
+
+    def state_selftest(self) -> dict:
+        return {"exact_up_to": None, "probes": []}
+
     def recreate_context(self) -> None:
         pass
 
