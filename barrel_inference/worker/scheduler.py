@@ -39,6 +39,7 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.n_requests = 0
+        self.n_aborts = 0  # requests ended by an abort from a gateway (client gone, cancelled)
         self.n_decode_failures = 0
 
     # ---- called from other threads ------------------------------------------------------
@@ -112,8 +113,10 @@ class Scheduler:
                 ids = set(arg)
                 for r in [r for r in self.waiting if r.id in ids]:
                     self.waiting.remove(r)
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
-                for r in [r for r in self.active if r.id in ids]:
+                for r in [r for r in self.active if r.id in ids and r.phase is not Phase.DONE]:
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
             elif kind == "end_session":
                 seq = self.pool.end_session(arg)
@@ -305,6 +308,7 @@ class Scheduler:
             "n_seq_max": len(self.pool),
             "seqs_busy": self.pool.n_busy,
             "requests_total": self.n_requests,
+            "aborts_total": self.n_aborts,
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,
