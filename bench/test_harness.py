@@ -1,4 +1,4 @@
-"""Checks of the harness's own arithmetic and SSE parsing (not collected by CI: `pytest bench/test_harness.py`)."""
+"""Checks of the harness's own arithmetic and SSE parsing (collected with the test suite: `bench` is in testpaths)."""
 
 from __future__ import annotations
 
