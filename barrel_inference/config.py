@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from typing import Literal
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +39,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
+    # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
+    extra_buffers: Literal["auto", "on", "off"] | None = None
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -47,7 +51,7 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
+BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto")
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -66,6 +70,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     max_queue: int = 256  # waiting requests per model before 503 overloaded
     worker_start_timeout: float = 120.0
     remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
+    # a model whose worker fails to start (after the safe-profile fallback) is not started again for
+    # this many seconds, doubling with each further failure up to worker_restart_backoff_max
+    worker_restart_backoff: float = 2.0
+    worker_restart_backoff_max: float = 120.0
     log_level: str = "info"
     log_json: bool = True
     # model registry and fetch

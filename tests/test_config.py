@@ -44,3 +44,16 @@ def test_unknown_key_is_a_clear_error(tmp_path):
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert load_settings(env={}).cache_dir() == tmp_path / "barrel_inference_server" / "models"
+
+
+def test_example_config_loads_and_names_every_key():
+    """deploy/config.example.toml is valid as written and documents every setting (commented or not)."""
+    from pathlib import Path
+
+    from barrel_inference.config import ModelSettings, Settings, load_settings
+
+    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.toml"
+    load_settings(example, env={})
+    text = example.read_text()
+    missing = [f for f in (*Settings.__struct_fields__, *ModelSettings.__struct_fields__) if f not in text]
+    assert missing == []

@@ -11,6 +11,7 @@ from .chat import embed, run
 from .client import CLIError
 from .context import State
 from .daemon import serve, stop, version
+from .doctor import doctor
 from .models import COMMANDS
 
 
@@ -36,7 +37,7 @@ def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float):
     ctx.obj = State(host=host, json=as_json, timeout=timeout)
 
 
-for command in [*COMMANDS, run, embed, serve, stop, version]:
+for command in [*COMMANDS, run, embed, serve, stop, version, doctor]:
     main.add_command(command)
 
 

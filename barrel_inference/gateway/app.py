@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health
+from . import health, system
 from .errors import GatewayError
 from .http import JSONBody
 from .logging import make_logger
@@ -113,7 +113,7 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *(r for family in families for r in family.routes())],
+        routes=[*health.routes(), *system.routes(), *(r for family in families for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )

@@ -34,7 +34,11 @@ async def stats(request: Request) -> Response:
         return JSONBody({"error": exc.info.message}, status_code=_STATUS.get(exc.code.value, 400))
     if result.error is not None:
         return JSONBody({"error": result.error.message}, status_code=_STATUS.get(result.error.code.value, 500))
-    return JSONBody({"model": handle.name, "pid": handle.info().pid, "in_flight": handle.in_flight, "stats": result.stats or {}})
+    info = handle.info()
+    engine = {"profile": info.engine_profile, "extra_buffers": info.extra_buffers, "reason": info.engine_reason,
+              "weight_buffers": info.weight_buffers}  # fmt: skip
+    return JSONBody({"model": handle.name, "pid": info.pid, "in_flight": handle.in_flight, "engine": engine,
+                     "stats": result.stats or {}})  # fmt: skip
 
 
 def routes() -> list[Route]:

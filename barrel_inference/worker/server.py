@@ -16,7 +16,7 @@ import msgspec
 import zmq
 
 from ..protocol import (
-    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, ErrorCode, ErrorInfo, Hello, Ping, Pong,
+    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, EndSession, EngineInfo, ErrorCode, ErrorInfo, Hello, Ping, Pong,
     Submit, Tick, WorkerCodec,
 )  # fmt: skip
 from .engine_api import Engine, EngineError
@@ -30,8 +30,9 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, engine_info: EngineInfo | None = None):  # fmt: skip
         self.engine = engine
+        self.engine_info = engine_info
         self.template = template
         self.model = model
         self.bind = bind
@@ -102,7 +103,14 @@ class WorkerServer:
             bos_token=self.template.bos_token,
             eos_token=self.template.eos_token,
             pid=os.getpid(),
+            engine_info=self.engine_info,
         )
+
+    def _engine_stats(self) -> dict:
+        info = self.engine_info
+        if info is None:
+            return {}
+        return {"engine_profile": info.profile, "extra_buffers": info.extra_buffers, "weight_buffers": info.weight_buffers}
 
     def stop(self) -> None:
         self._stop.set()
@@ -179,7 +187,7 @@ class WorkerServer:
                 vectors, count = e.embed(msg.texts if msg.texts is not None else [msg.text or ""])
                 return CallResult(msg.id, embeddings=vectors, count=count)
             if msg.op == "stats":
-                return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
+                return CallResult(msg.id, stats={"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()})
         except (PromptError, TemplateError) as exc:
             return CallResult(msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
         except EngineError as exc:

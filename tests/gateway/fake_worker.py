@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -181,7 +182,9 @@ async def _main(argv: list[str]) -> int:
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
     if args.fail_start:
-        print("fake worker: cannot load model", file=sys.stderr, flush=True)
+        # free text another client's request may have put in the log, then the worker's typed failure
+        print("fake worker: request req-other prompt 'secret text of another client'", file=sys.stderr, flush=True)
+        print(json.dumps({"event": "worker_failed", "error": "cannot load model"}), file=sys.stderr, flush=True)
         return 2
     await asyncio.sleep(args.start_delay)
     worker = FakeWorker(bind=args.bind, model=args.model_name, n_seq_max=args.n_seq_max, on_crash=lambda: os._exit(3))

@@ -133,12 +133,17 @@ async def test_crash_fails_in_flight_and_next_get_restarts(short_tmp):
 
 
 async def test_start_failure_is_worker_unavailable(short_tmp):
-    m, logs = manager(short_tmp, "--fail-start")
+    m, logs = manager(short_tmp, "--fail-start", worker_restart_backoff=0.0)
     try:
         with pytest.raises(GatewayError) as info:
             await m.get(MODEL)
         assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
-        assert "exited with code 2" in info.value.info.message and "cannot load model" in info.value.info.message
+        message = info.value.info.message
+        assert "exited with code 2" in message and "cannot load model" in message
+        # the worker's free output stays in the server log: it may hold other clients' data
+        assert "secret" not in message and "req-other" not in message
+        failed = logs.events("worker_start_failed")
+        assert any("secret text of another client" in line for line in failed[0]["worker_output"])
         assert m.running() == []
         with pytest.raises(GatewayError) as info:  # unknown names stay 404s, not start failures
             await m.get("nope")

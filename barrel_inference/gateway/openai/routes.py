@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -32,7 +33,8 @@ API_COMPLETIONS = "openai.completions"
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
     status = error_status(exc.code)
-    headers = {"retry-after": "1"} if status == 503 else {}
+    wait = getattr(exc, "retry_after", None)
+    headers = {"retry-after": str(max(1, math.ceil(wait or 1)))} if status == 503 else {}
     if request_id:
         headers["x-request-id"] = request_id
     return JSONBody(error_body(exc.info), status_code=status, headers=headers)
