@@ -166,7 +166,7 @@ async def test_killed_worker_fails_in_flight_and_the_next_request_restarts_it(da
         workers = daemon.children()
         assert workers, "no worker process under the gateway"
         task = asyncio.create_task(c.post("/v1/chat/completions", json=chat("doomed", max_tokens=100000)))
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: worker_stats(c), lambda s: s["running"] == 1)  # in flight in the worker, not merely sent
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         r = await task
