@@ -118,11 +118,11 @@ def loadavg() -> str:
         return "unknown"
 
 
-def run_one(python: str, model: str, extra: bool, threads: int, timeout: float) -> dict:
+def run_one(python: str, model: str, extra: bool, threads: int, timeout: float, env: dict | None = None) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--measure", "--model", model, "--extra-bufts", "on" if extra else "off",
            "--threads", str(threads)]  # fmt: skip
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:g}s"}
     if p.returncode < 0:
@@ -154,12 +154,14 @@ def fmt(v: float | None, digits: int = 1) -> str:
 
 
 def drive(args) -> int:
-    builds = []
+    builds, envs = [], {}
     for spec in args.build:
-        name, _, python = spec.partition("=")
-        if not python:
-            raise SystemExit(f"--build NAME=PYTHON, got {spec!r}")
+        name, _, rest = spec.partition("=")
+        python, *assignments = rest.split(",")
+        if not python or not all("=" in a for a in assignments):
+            raise SystemExit(f"--build NAME=PYTHON[,VAR=VALUE...], got {spec!r}")
         builds.append((name, python))
+        envs[name] = dict(a.split("=", 1) for a in assignments)
     model = args.model or default_model()
     configs = [(name, python, extra) for name, python in builds for extra in (True, False)]
     results: dict[tuple[str, bool], list[dict]] = {(n, e): [] for n, _, e in configs}
@@ -169,7 +171,7 @@ def drive(args) -> int:
     print(f"load average before: {loadavg()}")
     for i in range(args.runs):
         for name, python, extra in configs:
-            r = run_one(python, model, extra, args.threads, args.timeout)
+            r = run_one(python, model, extra, args.threads, args.timeout, envs[name])
             results[(name, extra)].append(r)
             got = r.get("error") or f"decode {r['decode_tok_s']:.1f} tok/s, prefill {r['prefill_tok_s']:.0f} tok/s"
             print(f"  run {i + 1} {name:>10} extra_bufts={'on' if extra else 'off':3}: {got}  (load {loadavg()})", flush=True)
@@ -209,8 +211,9 @@ def drive(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
-                    help="a llama-cpp-python build: a name and the Python of the environment it is installed in (repeat; the first is the reference)")  # fmt: skip
+    ap.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON[,VAR=VALUE...]",
+                    help="a llama-cpp-python build: a name, the Python of the environment it is installed in, and environment "
+                         "variables for its runs, e.g. LLAMA_CPP_LIB_PATH=<dir of its libllama.so> (repeat; the first is the reference)")  # fmt: skip
     ap.add_argument("--model", help="GGUF file (default: the packaged Gemma 3 270M, assembled into the bench cache)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

@@ -129,11 +129,11 @@ def test_cpu_profiles_reports_a_crash_by_its_signal_and_reads_a_run(tmp_path):
     crash = tmp_path / "crash"
     crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
     ok = tmp_path / "ok"
-    ok.write_text('#!/bin/sh\necho "llama.cpp noise"\necho \'{"decode_tok_s": 40.5, "prefill_tok_s": 960.0}\'\n')
+    ok.write_text('#!/bin/sh\necho "llama.cpp noise"\necho "{\\"decode_tok_s\\": 40.5, \\"lib\\": \\"$LLAMA_CPP_LIB_PATH\\"}"\n')
     failing = tmp_path / "failing"
     failing.write_text("#!/bin/sh\necho 'ImportError: no llama_cpp' >&2\nexit 1\n")
     for f in (crash, ok, failing):
         f.chmod(0o755)
     assert run_one(str(crash), "m.gguf", True, 2, 30) == {"error": "crash (signal 11, SIGSEGV)"}
-    assert run_one(str(ok), "m.gguf", False, 2, 30) == {"decode_tok_s": 40.5, "prefill_tok_s": 960.0}
+    assert run_one(str(ok), "m.gguf", False, 2, 30, {"LLAMA_CPP_LIB_PATH": "/opt/x"}) == {"decode_tok_s": 40.5, "lib": "/opt/x"}
     assert run_one(str(failing), "m.gguf", False, 2, 30) == {"error": "exit 1: ImportError: no llama_cpp"}
