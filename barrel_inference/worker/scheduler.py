@@ -44,6 +44,7 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.n_requests = 0
+        self.n_aborts = 0  # requests ended by an abort from a gateway (client gone, cancelled)
         self.n_decode_failures = 0
         self.waker: Callable[[], None] | None = None  # wakes the thread's I/O poll when another thread posts
 
@@ -124,11 +125,15 @@ class Scheduler:
                 ids = set(arg)
                 for r in [r for r in self.waiting if r.id in ids]:
                     self.waiting.remove(r)
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
                 for r in [r for r in self.parked if r.id in ids]:
                     self.parked.remove(r)
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
-                for r in [r for r in self.active if r.id in ids and r.phase is not Phase.TAIL]:
+                # a request already ended (its Done sent, perhaps still in its tail tick) is not ended again
+                for r in [r for r in self.active if r.id in ids and r.phase not in (Phase.DONE, Phase.TAIL)]:
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
             elif kind == "end_session":
                 self.reuse.end_session(arg)
@@ -366,6 +371,7 @@ class Scheduler:
             "n_seq_max": len(self.pool),
             "seqs_busy": self.pool.n_busy,
             "requests_total": self.n_requests,
+            "aborts_total": self.n_aborts,
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,
