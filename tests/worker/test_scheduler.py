@@ -1,5 +1,7 @@
 """The continuous-batching scheduler on the fake engine (deterministic text) and the tiny GGUF (real llama.cpp)."""
 
+import time
+
 import pytest
 
 from barrel_inference.protocol import FinishReason
