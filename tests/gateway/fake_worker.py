@@ -101,7 +101,7 @@ class FakeWorker:
 
     async def stop(self) -> None:
         await self.kill()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # closes any socket still open (term() would wait on it forever)
 
     async def _send(self, peer: bytes, msg) -> None:
         if self._sock is not None:
