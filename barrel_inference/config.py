@@ -82,6 +82,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
     ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
     pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
+    run_num_predict: int = 1024  # `bictl run`: tokens per answer unless --max-tokens (0: no cap)
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:

@@ -10,7 +10,8 @@ import click
 from .chat import embed, run
 from .client import CLIError
 from .context import State
-from .daemon import serve, stop, version
+from .create import create
+from .daemon import logs, serve, shutdown, stop, version
 from .doctor import doctor
 from .models import COMMANDS
 
@@ -37,7 +38,7 @@ def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float):
     ctx.obj = State(host=host, json=as_json, timeout=timeout)
 
 
-for command in [*COMMANDS, run, embed, serve, stop, version, doctor]:
+for command in [*COMMANDS, create, run, embed, serve, stop, shutdown, logs, version, doctor]:
     main.add_command(command)
 
 

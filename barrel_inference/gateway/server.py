@@ -11,15 +11,17 @@ from hypercorn.config import Config
 
 from ..config import Settings
 from .app import create_app
-from .logging import configure_process_logging, make_logger
+from .logging import configure_process_logging, make_logger, stdlib_logger
+from .ports import check_free
 
 
-def hypercorn_config(settings: Settings) -> Config:
+def hypercorn_config(settings: Settings, log=None) -> Config:
     config = Config()
     host = f"[{settings.host}]" if ":" in settings.host and not settings.host.startswith("[") else settings.host
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None  # the gateway writes its own line per request
-    config.errorlog = "-"
+    # hypercorn's own messages go through the gateway's structlog logger: one stream, one format
+    config.errorlog = stdlib_logger(log or make_logger(settings), "hypercorn.error", settings)
     config.graceful_timeout = 5.0
     config.keep_alive_timeout = 75.0  # clients reuse connections across turns
     return config
@@ -28,9 +30,10 @@ def hypercorn_config(settings: Settings) -> Config:
 async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs) -> None:
     """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers."""
     log = app_kwargs.pop("logger", None) or make_logger(settings)
+    check_free(settings.host, settings.port)  # PortInUse: one line for a person, before anything starts
     app = create_app(settings, logger=log, **app_kwargs)
     log.info("gateway_listening", url=settings.base_url(), pid=os.getpid())
-    await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
+    await hypercorn_serve(app, hypercorn_config(settings, log), shutdown_trigger=shutdown_event.wait)
 
 
 def run(settings: Settings) -> None:

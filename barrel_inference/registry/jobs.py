@@ -18,7 +18,7 @@ from .layout import spec_hash
 from .records import ModelRecord, now_utc
 from .specs import parse_spec
 
-log = structlog.get_logger("barrel_inference.registry.pull")
+log = structlog.get_logger(logger_name="barrel_inference.registry.pull")
 
 PROGRESS_INTERVAL = 0.1
 
@@ -164,7 +164,7 @@ class PullManager:
 
     def __init__(self, registry, *, fetcher: Fetcher | None = None, retention: float | None = None):
         self.registry = registry
-        self.log = getattr(registry, "log", log)
+        self.log = getattr(registry, "log", log).bind(logger_name="barrel_inference.registry.pull")
         self.fetcher = fetcher or Fetcher(registry.settings)
         self.retention = retention if retention is not None else getattr(registry.settings, "pull_retention", 300.0)
         self._jobs: dict[str, PullJob] = {}
