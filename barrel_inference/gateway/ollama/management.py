@@ -99,11 +99,13 @@ async def pull(request: Request) -> Response:
     """POST /api/pull: any pull spec (a name, hf://, ollama://, https://, file:///, an absolute path) is the model."""
     req = await decode(request, wire.PullRequest)
     spec = require_model(req)
-    job = pull_manager(request.app).start(spec, name=req.destination, sha256=req.sha256)
+    manager = pull_manager(request.app)
+    job = manager.start(spec, name=req.destination, sha256=req.sha256)
     if req.background:
+        job.detached = True
         return JSONBody(job.snapshot(), status_code=202)
     if req.stream:
-        return ndjson(job.events())
+        return ndjson(manager.follow(job))  # a client that goes away cancels the pull
     await job.wait()
     return JSONBody({"status": "success"})
 
