@@ -18,7 +18,7 @@ from . import health, system
 from .errors import GatewayError
 from .http import JSONBody
 from .logging import make_logger
-from .metrics import GatewayMetrics
+from .metrics import GatewayMetrics, build_labels
 from .openai import routes as openai_routes
 from .openai.convert import error_body, error_status
 from .workers import ModelManager
@@ -120,7 +120,7 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     app.state.settings = settings
     app.state.registry = registry
     app.state.models = models
-    app.state.metrics = GatewayMetrics()
+    app.state.metrics = GatewayMetrics(**build_labels(settings))
     app.state.log = log
     app.add_middleware(ErrorMiddleware, log=log)
     return app

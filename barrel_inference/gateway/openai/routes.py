@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from ...protocol import Call, Delta, Submit
 from ..errors import GatewayError, invalid
-from ..generation import Generation, record_rejected
+from ..generation import Generation, record_embedding, record_rejected
 from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 from .convert import (
     chat_response,
@@ -29,6 +29,7 @@ from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Wi
 
 API_CHAT = "openai.chat"
 API_COMPLETIONS = "openai.completions"
+API_EMBEDDINGS = "openai.embeddings"
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
@@ -126,9 +127,18 @@ async def _sse_body(gen: Generation, enc: Any):
 
 async def embeddings(request: Request) -> Response:
     rid = new_id("emb-")
+    t0 = time.monotonic()
+    model, inputs = "", 0
+    request_id = client_request_id(request) or rid
+
+    def failed(exc: GatewayError) -> Response:
+        record_embedding(request.app.state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=inputs, prompt_tokens=None, t0=t0, error=exc)
+        return error_response(exc, request_id)
+
     try:
         req = decode(await request.body(), EmbeddingRequest)
         texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        inputs = len(texts)
         if not texts:
             raise invalid("input must not be empty", "input")
         if req.encoding_format not in (None, "float"):
@@ -136,16 +146,18 @@ async def embeddings(request: Request) -> Response:
         if req.dimensions is not None:
             raise invalid("dimensions is not supported: the model's embedding size is fixed", "dimensions")
         handle = await request.app.state.models.get(req.model)
+        model = handle.name
         result = await handle.call(Call(id=rid, op="embed", texts=texts))
     except WireError as exc:
-        return error_response(invalid(str(exc), exc.param), rid)
+        return failed(invalid(str(exc), exc.param))
     except GatewayError as exc:
-        return error_response(exc, rid)
+        return failed(exc)
     if result.error is not None:
-        return error_response(GatewayError.from_info(result.error), rid)
+        return failed(GatewayError.from_info(result.error))
+    record_embedding(request.app.state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=inputs, prompt_tokens=result.count, t0=t0)
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.embeddings or [])]
     usage = {"prompt_tokens": result.count or 0, "total_tokens": result.count or 0}
-    return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage})
+    return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage}, headers={"x-request-id": request_id})
 
 
 async def list_models(request: Request) -> Response:
