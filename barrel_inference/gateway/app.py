@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, system
+from . import health, openapi, system, webui
 from .errors import GatewayError
 from .http import JSONBody
 from .logging import make_logger
@@ -113,11 +113,12 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *system.routes(), *(r for family in families for r in family.routes())],
+        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *system.routes(), *(r for family in families for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.families = families  # /openapi.json reads their schema tables
     app.state.registry = registry
     app.state.models = models
     app.state.metrics = GatewayMetrics(**build_labels(settings))
