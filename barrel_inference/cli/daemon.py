@@ -136,6 +136,7 @@ def daemon_record_path(settings) -> Path:
 def write_daemon_record(settings, *, pid: int, pid_file: Path, log_file: Path, url: str) -> None:
     """Where `serve --detach` put the pid and the log, for `shutdown` and `logs` to find (whatever flags it had)."""
     path = daemon_record_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": pid, "pid_file": str(pid_file), "log_file": str(log_file), "url": url}) + "\n")
     os.replace(tmp, path)
