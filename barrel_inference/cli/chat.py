@@ -92,6 +92,8 @@ class Session:
             if key in PARAMETERS and value is not None:
                 field = PARAMETERS[key][0]
                 if field == "max_tokens" and value <= 0:
+                    if not self.chat:  # /v1/completions caps at 16 tokens unless told; no cap: the context's size
+                        body["max_tokens"] = (self.info.get("loader") or {}).get("n_ctx") or 2**30
                     continue
                 body[field] = value
         if self.chat:
@@ -150,6 +152,8 @@ class Session:
 def has_chat_template(info: dict) -> bool:
     """The model's source (or the operator) gave it a chat template; a built-in one chosen only by architecture
     does not count."""
+    if "chat_template_origin" in info:
+        return info["chat_template_origin"] != "architecture"
     if str(info.get("chat_template") or "").startswith("built-in"):
         return False
     return bool(info.get("template") or info.get("chat_template"))

@@ -67,9 +67,15 @@ def test_a_model_without_a_chat_template_runs_as_text_completion(daemon, tmp_pat
     r = bictl(daemon, "run", "base", "Once upon a time")
     assert r.exit_code == 0, r.output
     s = daemon.worker.submits[-1]
-    assert s.messages is None and s.prompt == "Once upon a time"
+    assert s.messages is None and s.prompt == "Once upon a time" and s.max_tokens == 1024
     assert r.stdout == "Once upon a time\n"
     assert r.stderr.count("has no chat template; running it as a text completion") == 1
+    r = bictl(daemon, "run", "base", "now it is loaded")  # the worker runs a built-in template; still a base model
+    assert daemon.worker.submits[-1].prompt == "now it is loaded" and "text completion" in r.stderr
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("run_num_predict = 0\n")
+    bictl(daemon, "run", "base", "no cap", env={"BARREL_INFERENCE_CONFIG": str(cfg)})
+    assert daemon.worker.submits[-1].max_tokens == 2048  # not /v1/completions' 16: the model's context
     r = bictl(daemon, "run", "fake", "chat", "model")
     assert daemon.worker.submits[-1].messages is not None and "text completion" not in r.stderr
 

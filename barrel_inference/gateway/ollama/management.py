@@ -140,16 +140,19 @@ async def show(request: Request) -> Response:
     req = await decode(request, wire.ShowRequest)
     record = await asyncio.to_thread(request.app.state.registry.resolve, require_model(req))
     running = next((m for m in request.app.state.models.running() if m.name == record.name), None)
+    configured = request.app.state.settings.models.get(record.name) if hasattr(request.app.state, "settings") else None
+    override = (configured and configured.chat_template) or (record.engine() or {}).get("chat_template")
+    gguf_template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
+    # ours: where the chat template comes from; "architecture" means the model brought none (a base model)
+    origin = "override" if override else "source" if record.template else "gguf" if gguf_template else "architecture"
     if running is not None:  # the worker says exactly which template it renders with
         body = convert.show_body(record, verbose=req.verbose, template=running.chat_template_source)
         body["chat_template"] = running.chat_template
-        return JSONBody(body)
-    template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
-    body = convert.show_body(record, verbose=req.verbose, template=template)
-    configured = request.app.state.settings.models.get(record.name) if hasattr(request.app.state, "settings") else None
-    override = (configured and configured.chat_template) or (record.engine() or {}).get("chat_template")
-    arch = (record.details or {}).get("architecture", "")
-    body["chat_template"] = override or ("gguf" if template else f"built-in for architecture '{arch}' (chosen when loaded)")
+    else:
+        body = convert.show_body(record, verbose=req.verbose, template=gguf_template)
+        arch = (record.details or {}).get("architecture", "")
+        body["chat_template"] = override or ("gguf" if gguf_template else f"built-in for architecture '{arch}' (chosen when loaded)")
+    body["chat_template_origin"] = origin
     return JSONBody(body)
 
 
