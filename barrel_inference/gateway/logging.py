@@ -61,8 +61,9 @@ class StructlogHandler(std_logging.Handler):
 
 
 def stdlib_logger(log: Any, name: str, settings: Settings) -> std_logging.Logger:
-    """A stdlib logger named `name` whose records go through `log` (and nowhere else)."""
-    logger = std_logging.getLogger(name)
+    """A stdlib logger named `name` whose records go through `log` (and nowhere else). It is not registered in
+    the logging module's global tree: each app has its own."""
+    logger = std_logging.Logger(name)
     logger.handlers = [StructlogHandler(log, name)]
     logger.propagate = False
     logger.setLevel(_level(settings))

@@ -237,6 +237,21 @@ class PullManager:
             if not finished and not job.done and job.watchers == 0 and not job.detached:
                 self.cancel(job)
 
+    async def wait_watched(self, job: PullJob) -> ModelRecord:
+        """`job.wait()` for one client; if that client goes away (this is cancelled) while nobody else follows the
+        job, the job is cancelled too."""
+        job.watchers += 1
+        left = False
+        try:
+            return await job.wait()
+        except asyncio.CancelledError:
+            left = True
+            raise
+        finally:
+            job.watchers -= 1
+            if left and not job.done and job.watchers == 0 and not job.detached:
+                self.cancel(job)
+
     def get(self, job_id: str) -> PullJob:
         self._purge()
         job = self._jobs.get(job_id)

@@ -3,6 +3,7 @@ answer and during a pull, and the shell completion of model names."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -146,3 +147,21 @@ def test_shell_completion_names_models(daemon):
     env.update(COMP_WORDS="bictl stop f")
     r = subprocess.run([str(BICTL)], env=env, capture_output=True, text=True, timeout=30)
     assert f"plain,{MODEL}" in r.stdout.splitlines()
+
+
+def test_a_non_streaming_pull_whose_client_leaves_is_cancelled(daemon, tiny_bytes):
+    import socket as socketlib
+
+    data = tiny_bytes[1] * 8
+    url = daemon.cdn.add("files/slow2.gguf", data, Fault(delay=0.05))
+    body = json.dumps({"model": url, "destination": "slow:2", "stream": False}).encode()
+    host, port = daemon.host.split(":")
+    s = socketlib.create_connection((host, int(port)))
+    s.sendall(b"POST /api/pull HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    layout = daemon.registry.layout
+    assert wait_for(lambda: any(layout.tmp.glob("*.part")))
+    s.close()
+    assert wait_for(lambda: _jobs(daemon) and _jobs(daemon)[-1]["status"] == "error"), _jobs(daemon)
+    assert _jobs(daemon)[-1]["error"]["code"] == "cancelled"
+    assert not daemon.registry.exists("slow:2") and list(layout.tmp.glob("*.part")) == []

@@ -16,7 +16,7 @@ from ...registry import RegistryError
 from ...registry.gguf_header import read_header
 from ...registry.jobs import PullManager
 from ...registry.search import search as search_remotes
-from ..http import JSONBody
+from ..http import ClientDisconnected, JSONBody, until_disconnect
 from . import convert, wire
 
 T = TypeVar("T")
@@ -106,7 +106,10 @@ async def pull(request: Request) -> Response:
         return JSONBody(job.snapshot(), status_code=202)
     if req.stream:
         return ndjson(manager.follow(job))  # a client that goes away cancels the pull
-    await job.wait()
+    try:
+        await until_disconnect(request, manager.wait_watched(job))
+    except ClientDisconnected:
+        return Response(status_code=499)
     return JSONBody({"status": "success"})
 
 
