@@ -94,7 +94,7 @@ def test_ctrl_c_stops_an_answer_and_the_session_goes_on(daemon, tmp_path):
     child.sendintr()
     child.expect_exact("(stopped)")
     child.expect_exact(">>> ")
-    assert wait_for(lambda: rid in daemon.worker.aborts), "the daemon did not abort the generation"
+    assert wait_for(lambda: rid in daemon.worker.aborts, 15), "the daemon did not abort the generation"
     child.sendline("still here")
     child.expect_exact("still here")
     child.expect_exact(">>> ")
@@ -114,13 +114,13 @@ def test_ctrl_c_on_a_pull_cancels_it_in_the_daemon(daemon, tiny_bytes):
     child = spawn(daemon, "pull", url, "--name", "slow:1")
     child.expect(r"pulling [0-9a-f]{12} +\d+%")
     layout = daemon.registry.layout
-    assert wait_for(lambda: any(layout.tmp.glob("*.part")))
+    assert wait_for(lambda: any(layout.tmp.glob("*.part")), 15)
     child.sendintr()
     child.expect_exact("error: pull of")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130
-    assert wait_for(lambda: all(j["status"] == "error" for j in _jobs(daemon))), _jobs(daemon)
+    assert wait_for(lambda: all(j["status"] == "error" for j in _jobs(daemon)), 15), _jobs(daemon)
     job = _jobs(daemon)[-1]
     assert job["error"]["code"] == "cancelled"
     time.sleep(0.3)  # a download that went on would write more now
@@ -160,8 +160,8 @@ def test_a_non_streaming_pull_whose_client_leaves_is_cancelled(daemon, tiny_byte
     s.sendall(b"POST /api/pull HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
     layout = daemon.registry.layout
-    assert wait_for(lambda: any(layout.tmp.glob("*.part")))
+    assert wait_for(lambda: any(layout.tmp.glob("*.part")), 15)
     s.close()
-    assert wait_for(lambda: _jobs(daemon) and _jobs(daemon)[-1]["status"] == "error"), _jobs(daemon)
+    assert wait_for(lambda: _jobs(daemon) and _jobs(daemon)[-1]["status"] == "error", 15), _jobs(daemon)
     assert _jobs(daemon)[-1]["error"]["code"] == "cancelled"
     assert not daemon.registry.exists("slow:2") and list(layout.tmp.glob("*.part")) == []
