@@ -11,13 +11,31 @@ figures and writes its one log line.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..protocol import Delta, Done, ErrorCode, FinishReason, Submit
+from ..protocol import Accepted, Delta, Done, ErrorCode, FinishReason, Submit, TextPart, Usage, merge_parts
 from .collector import RequestStream
 from .errors import GatewayError
 
 Event = Delta | Done
+
+
+@dataclass
+class Result:
+    """A collected generation: ordered parts (adjacent ones of a kind merged), tokens, the final Done."""
+
+    parts: list
+    tokens: list[int]
+    done: Done
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if type(p) is TextPart)
+
+    @property
+    def usage(self) -> Usage:
+        return self.done.usage
 
 
 class Generation:
@@ -34,10 +52,12 @@ class Generation:
         self.stream_response = stream_response
         self.stream: RequestStream | None = None
         self.error: GatewayError | None = None
-        self._first: Event | None = None
+        self.accepted: Accepted = Accepted(submit.id, prompt_tokens=0)
         self._t0 = time.monotonic()
         self._closed = False
         self._counted_active = False
+        self.slot: Any = None  # the admission slot, released when the worker's Done arrives
+        self.queue_ms: float | None = None  # time spent in the gateway's admission queue
 
     @classmethod
     async def open(
@@ -58,32 +78,40 @@ class Generation:
     async def _start(self) -> None:
         handle = await self.state.models.get(self.requested_model)
         self.model = handle.name
+        admission = getattr(self.state, "admission", None)
+        if admission is not None:
+            t0 = time.monotonic()
+            self.slot = await admission.acquire(handle.name, handle.hello.n_seq_max)
+            self.queue_ms = (time.monotonic() - t0) * 1000
+            if not handle.alive:  # the worker went while this request waited: its successor serves it
+                handle = await self.state.models.get(self.requested_model)
         self.stream = handle.submit(self.submit)
+        if self.slot is not None:
+            self.stream.add_done_callback(self.slot.release)
         self.state.metrics.active_streams.labels(self.model).inc()
         self._counted_active = True
-        first = await self.stream.__anext__()
-        if isinstance(first, Done) and first.error is not None:
-            raise GatewayError.from_info(first.error)
-        self._first = first
+        first = await self.stream.opened()
+        if isinstance(first, Done):
+            if first.error is not None:
+                raise GatewayError.from_info(first.error)
+        else:
+            self.accepted = first
 
     async def events(self) -> AsyncIterator[Event]:
         assert self.stream is not None
-        if self._first is not None:
-            first, self._first = self._first, None
-            yield first
         async for event in self.stream:
             yield event
 
-    async def collect(self) -> tuple[str, list[int], Done]:
-        """Read to the end: (text, tokens, done)."""
-        parts: list[str] = []
+    async def collect(self) -> Result:
+        """Read to the end: the parts in order, the tokens, the Done."""
+        parts: list = []
         tokens: list[int] = []
         async for event in self.events():
             if isinstance(event, Delta):
-                parts.append(event.text)
+                merge_parts(parts, event.parts)
                 tokens.extend(event.tokens)
             else:
-                return "".join(parts), tokens, event
+                return Result(parts, tokens, event)
         raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
 
     # ---- end ------------------------------------------------------------------------
@@ -97,6 +125,8 @@ class Generation:
         stream = self.stream
         if stream is not None and not stream.finished:
             stream.abort()
+        if self.slot is not None and stream is None:  # admitted, never submitted
+            self.slot.release()
         if self._counted_active:
             self.state.metrics.active_streams.labels(self.model).dec()
         self._record()
@@ -145,6 +175,8 @@ class Generation:
             fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
         if timings is not None:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.queue_ms is not None:
+            fields["gateway_queue_ms"] = round(self.queue_ms, 1)
         if self.request_id != self.id:
             fields["id"] = self.id
         if self.error is not None:

@@ -6,11 +6,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..protocol import Call
+from ..protocol import GetStats
 from .errors import GatewayError
+from .family import STATUS
 from .http import JSONBody
-
-_STATUS = {"model_not_found": 404, "overloaded": 503, "worker_unavailable": 503}
 
 
 async def health(request: Request) -> Response:
@@ -19,7 +18,9 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    state.metrics.refresh((h.name, h.waiting) for h in state.models.handles())
+    admission = getattr(state, "admission", None)
+    if admission is not None:
+        state.metrics.refresh(admission.depths().items())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
@@ -29,11 +30,11 @@ async def stats(request: Request) -> Response:
     name = request.query_params.get("model") or state.settings.default_model
     try:
         handle = await state.models.get(name)
-        result = await handle.call(Call(id="", op="stats"))
+        result = await handle.call(GetStats(id=""))
     except GatewayError as exc:
-        return JSONBody({"error": exc.info.message}, status_code=_STATUS.get(exc.code.value, 400))
+        return JSONBody({"error": exc.info.message}, status_code=STATUS.get(exc.code, 500))
     if result.error is not None:
-        return JSONBody({"error": result.error.message}, status_code=_STATUS.get(result.error.code.value, 500))
+        return JSONBody({"error": result.error.message}, status_code=STATUS.get(result.error.code, 500))
     info = handle.info()
     engine = {"profile": info.engine_profile, "extra_buffers": info.extra_buffers, "reason": info.engine_reason,
               "weight_buffers": info.weight_buffers}  # fmt: skip

@@ -64,16 +64,19 @@ CORE_OPERATIONS: dict[tuple[str, str], Operation] = {
 }
 
 
-def family_operations(families: list[Any]) -> dict[tuple[str, str], Operation]:
-    """The `OPERATIONS` tables of the families' `schema` modules (next to each family's routes module)."""
+def family_operations(families: Any) -> dict[tuple[str, str], Operation]:
+    """The `OPERATIONS` tables of the families' `schema` modules, found next to the module that defines each
+    family's `routes` (a Family's `routes` callable, or a routes module's `routes` function)."""
     table: dict[tuple[str, str], Operation] = {}
-    for family in families:
-        package = getattr(family, "__package__", None) or ""
-        try:
-            module = importlib.import_module(package + ".schema")
-        except ImportError:
-            continue
-        table.update(getattr(module, "OPERATIONS", {}))
+    for family in getattr(families, "all", families) or []:
+        module_name = getattr(getattr(family, "routes", None), "__module__", None) or getattr(family, "__name__", "")
+        for package in dict.fromkeys([module_name.rsplit(".", 1)[0], module_name]):
+            try:
+                module = importlib.import_module(package + ".schema")
+            except ImportError:
+                continue
+            table.update(getattr(module, "OPERATIONS", {}))
+            break
     return table
 
 
@@ -151,7 +154,7 @@ async def openapi_json(request: Request) -> Response:
     state = request.app.state
     doc = getattr(state, "openapi_doc", None)
     if doc is None:
-        doc = state.openapi_doc = build(request.app.routes, getattr(state, "families", []))
+        doc = state.openapi_doc = build(request.app.routes, getattr(state, "families", None))
     return JSONBody(doc)
 
 

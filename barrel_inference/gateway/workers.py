@@ -29,7 +29,7 @@ import msgspec
 import zmq.asyncio
 
 from ..config import Settings
-from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
+from ..protocol import ErrorCode, HelperCall, Hello, Submit
 from .collector import RequestStream
 from .errors import GatewayError, WorkerCrashed, worker_unavailable
 from .fallbacks import FallbackStore
@@ -104,7 +104,7 @@ class WorkerHandle:
     def _release(self, _done: Any) -> None:
         self.in_flight -= 1
 
-    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+    async def call(self, call: HelperCall, timeout: float = 30.0) -> Any:
         return await self.link.call(call, timeout)
 
     def info(self) -> RunningModel:

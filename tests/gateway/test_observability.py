@@ -14,7 +14,6 @@ from barrel_inference.config import ModelSettings, Settings
 from barrel_inference.gateway.logging import make_logger
 from barrel_inference.gateway.metrics import llama_cpp_version
 from barrel_inference.gateway.server import serve
-from barrel_inference.protocol import CallResult
 from barrel_inference.registry import Registry
 from netutil import wait_healthy
 from tests.cli.conftest import free_port
@@ -24,15 +23,8 @@ from .conftest import MODEL
 from .fake_worker import FakeWorker
 
 
-class EmbeddingWorker(FakeWorker):
-    def call(self, msg):
-        if msg.op == "embed":
-            return CallResult(msg.id, embeddings=[[0.5, float(len(t))] for t in msg.texts], count=sum(len(t.split()) for t in msg.texts))
-        return super().call(msg)
-
-
 async def test_one_json_stream_with_logger_names_and_clean_metrics(tmp_path):
-    worker = EmbeddingWorker(model=MODEL)
+    worker = FakeWorker(model=MODEL)  # embeds: a vector per input, one token per word
     await worker.start()
     port = free_port()
     settings = Settings(host="127.0.0.1", port=port, model_cache_dir=str(tmp_path / "cache"), runtime_dir=str(tmp_path / "run"),

@@ -171,6 +171,8 @@ async def delete(request: Request) -> Response:
     if models is not None and any(m.name == canonical for m in models.running()):
         await models.unload(canonical)  # a model being deleted stops serving first
     await asyncio.to_thread(registry.delete, canonical)
+    if (admission := getattr(request.app.state, "admission", None)) is not None:
+        admission.forget(canonical)
     if (metrics := getattr(request.app.state, "metrics", None)) is not None:
         metrics.forget_model(canonical)  # a deleted model's series go with it
     return Response(status_code=200)

@@ -2,39 +2,31 @@
 
 from __future__ import annotations
 
+import base64
+import math
+import struct
 from typing import Any
 
 from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
 from ..errors import invalid, unsupported
-from .wire import ChatCompletionRequest, CompletionRequest, Message
+from ..family import STATUS
+from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Message
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _ROLES = {"developer": "system", "function": "tool"}
 _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
-
-_STATUS = {
-    ErrorCode.INVALID_REQUEST: 400,
-    ErrorCode.CONTEXT_LENGTH: 400,
-    ErrorCode.GRAMMAR: 400,
-    ErrorCode.TEMPLATE: 400,
-    ErrorCode.UNSUPPORTED: 400,
-    ErrorCode.MODEL_NOT_FOUND: 404,
-    ErrorCode.OVERLOADED: 503,
-    ErrorCode.WORKER_UNAVAILABLE: 503,
-    ErrorCode.DECODE_FAILED: 500,
-    ErrorCode.INTERNAL: 500,
-}
 
 
 # ---- errors ----------------------------------------------------------------------------
 
 
 def error_status(code: ErrorCode) -> int:
-    return _STATUS.get(code, 500)
+    return STATUS.get(code, 500)
 
 
-def error_body(info: ErrorInfo) -> dict:
-    status = error_status(info.code)
+def error_body(info: ErrorInfo, status: int | None = None) -> dict:
+    """OpenAI's envelope: {"error": {message, type, param, code}}."""
+    status = status or error_status(info.code)
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": info.message, "type": kind, "param": info.param, "code": info.code.value}}
 
@@ -182,16 +174,11 @@ def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
 
 
 def finish_reason_of(done: Done) -> str:
-    return "length" if done.finish_reason == FinishReason.LENGTH else "stop"
-
-
-def done_error(done: Done) -> ErrorInfo | None:
-    """The error a Done stands for: its own, or, for an abort the client did not ask for, an unavailable one."""
-    if done.error is not None:
-        return done.error
-    if done.finish_reason == FinishReason.ABORT:
-        return ErrorInfo(ErrorCode.WORKER_UNAVAILABLE, "the request was cancelled by the server (model unloaded)", retryable=True)
-    return None
+    if done.finish_reason == FinishReason.LENGTH:
+        return "length"
+    if done.finish_reason == FinishReason.TOOL_CALLS:
+        return "tool_calls"
+    return "stop"
 
 
 def usage_json(usage: Usage) -> dict:
@@ -235,3 +222,49 @@ def completion_response(request_id: str, model: str, created: int, text: str, do
 def model_json(name: str, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "barrel-inference"}
 
+
+
+# ---- embeddings -------------------------------------------------------------------------
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
+    """`input` as the engine takes it: a string, strings, one list of token ids, or lists of token ids."""
+    if not req.model:
+        raise invalid("model must not be empty", "model")
+    value = req.input
+    if isinstance(value, str):
+        items: list = [value]
+    elif not value:
+        raise invalid("input must not be empty", "input")
+    elif all(isinstance(x, str) for x in value):
+        items = list(value)
+    elif all(_is_token(x) for x in value):
+        items = [list(value)]
+    elif all(isinstance(x, list) and x and all(_is_token(t) for t in x) for x in value):
+        items = [list(x) for x in value]
+    else:
+        raise invalid("input must be a string, a list of strings, a list of token ids or a list of lists of token ids", "input")
+    for i, item in enumerate(items):
+        if isinstance(item, str) and not item:
+            raise invalid(f"input[{i}] is an empty string", "input")
+    return items
+
+
+def embedding_json(vector: list[float], index: int, encoding_format: str | None, dimensions: int | None) -> dict:
+    """One `data` item: the vector cut to `dimensions` and renormalised, as floats or base64 of
+    little-endian float32 (what the openai SDK decodes)."""
+    if dimensions is not None:
+        if dimensions > len(vector):
+            raise invalid(f"dimensions must be at most {len(vector)} for this model, got {dimensions}", "dimensions")
+        vector = vector[:dimensions]
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        vector = [x / norm for x in vector]
+    if encoding_format == "base64":
+        value: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    else:
+        value = vector
+    return {"object": "embedding", "index": index, "embedding": value}
