@@ -110,3 +110,17 @@ def test_chat_page_streams_and_stops(daemon, browser, artifacts):
     assert (artifacts / "chat-answered.png").stat().st_size > 10_000
     logs = [e for e in b.get_log("browser") if e.get("level") == "SEVERE"]
     assert logs == [], logs
+
+
+def test_docs_page_renders_the_openapi_document(daemon, browser, artifacts):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    b = browser
+    b.get(daemon.url + "/docs")
+    WebDriverWait(b, 15).until(lambda _: len(b.find_elements(By.CSS_SELECTOR, "details")) > 20)
+    paths = text_of(b, "summary .path")
+    assert "/v1/chat/completions" in paths and "/api/pull" in paths and "ChatCompletionRequest" in paths
+    b.find_element(By.XPATH, "//summary[span[text()='/v1/chat/completions']]").click()
+    b.save_screenshot(str(artifacts / "docs.png"))
+    assert "messages" in b.find_element(By.XPATH, "//details[summary[span[text()='/v1/chat/completions']]]").text
