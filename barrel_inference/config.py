@@ -39,6 +39,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # that worker's CURVE public key file (NAME.key from `bictl worker keygen`): the gateway talks
+    # only to a worker holding the matching secret key, over an encrypted link
+    server_key: str | None = None
+    insecure: bool | None = None  # allow a tcp:// endpoint without server_key (plain, unauthenticated)
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
@@ -77,6 +81,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     heartbeat_timeout: float = 30.0  # a worker silent this long (no tick, reply or pong) is lost and restarted
     worker_start_timeout: float = 120.0
     remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
+    curve_secret_key: str | None = None  # the gateway's CURVE secret key file, for workers with a server_key
     # a model whose worker fails to start (after the safe-profile fallback) is not started again for
     # this many seconds, doubling with each further failure up to worker_restart_backoff_max
     worker_restart_backoff: float = 2.0

@@ -198,6 +198,7 @@ class ModelManager:
             link = WorkerLink(
                 opts.endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
                 heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, watch_connection=True, logger=self.log,
+                curve=self._curve_keys(record.name, opts),
             )  # fmt: skip
             # a remote worker is either up or not: fail fast (503, retryable) rather than hang the client
             hello = await link.connect(min(timeout, self.settings.remote_connect_timeout))
@@ -236,6 +237,23 @@ class ModelManager:
             raise
         self._failures.pop(record.name, None)
         return handle
+
+    def _curve_keys(self, name: str, opts: Any) -> tuple[str, str] | None:
+        """(gateway secret key, worker public key) for a remote worker; plain tcp only when asked for."""
+        if opts.server_key:
+            if not self.settings.curve_secret_key:
+                raise worker_unavailable(
+                    f"model {name} has a server_key but the gateway has no curve_secret_key to authenticate with"
+                )
+            return (self.settings.curve_secret_key, opts.server_key)
+        if opts.endpoint.startswith("tcp://") and not opts.insecure:
+            raise worker_unavailable(
+                f"refusing the unauthenticated worker endpoint {opts.endpoint} for {name}: set server_key (the worker's "
+                "public key from `bictl worker keygen`) and curve_secret_key, or insecure = true"
+            )
+        if opts.endpoint.startswith("tcp://"):
+            self.log.warning("insecure_worker_link", model=name, endpoint=opts.endpoint)
+        return None
 
     def _check_backoff(self, name: str) -> None:
         failed = self._failures.get(name)

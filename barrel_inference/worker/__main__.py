@@ -43,12 +43,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's extra buffer types (CPU repack, AMX); auto = off on CPUs with AMX")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up decode before ready")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
+    p.add_argument("--curve-clients", default=None, metavar="DIR", help="directory of the gateways' public keys (*.key) admitted")
+    p.add_argument("--insecure", action="store_true", help="allow a tcp:// bind without CURVE keys")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
     args = p.parse_args(argv)
     if not args.system_info and (not args.bind or not args.model_name):
         p.error("--bind and --model-name are required")
+    if bool(args.curve_secret_key) != bool(args.curve_clients):
+        p.error("--curve-secret-key and --curve-clients go together")
+    if args.bind.startswith("tcp://") and not args.curve_secret_key and not args.insecure:
+        p.error(f"refusing to serve {args.bind} without CURVE keys (anyone who reaches the port could drive the model): "
+                "give --curve-secret-key and --curve-clients (bictl worker keygen), or --insecure")
     return args
 
 
@@ -131,8 +140,18 @@ def main(argv=None) -> int:
     if not args.fake:
         facts = system_info()
         info = msgspec.structs.replace(info, system_info=facts["system_info"], llama_cpp_version=facts["llama_cpp_python"])
-    server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
-                          prefill_chunk=args.prefill_chunk, log=_log, engine_info=info)  # fmt: skip
+    from ..protocol.curve import CurveError
+
+    try:
+        server = WorkerServer(
+            engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
+            log=_log, engine_info=info, insecure=args.insecure,
+            curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
+        )  # fmt: skip
+    except CurveError as exc:
+        _log("worker_failed", error=str(exc), model=args.model_name)
+        engine.close()
+        return 2
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx, profile=profile.name,

@@ -23,6 +23,7 @@ from ..protocol import (
     EndSession, EngineInfo, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit, Tick,
     Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
+from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError
 from .prompt import PromptBuilder, PromptError
 from .request import Request
@@ -34,7 +35,17 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None, engine_info: EngineInfo | None = None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, engine_info: EngineInfo | None = None,
+                 curve: tuple[str, str] | None = None, insecure: bool = False):  # fmt: skip
+        if bind.startswith("tcp://") and curve is None and not insecure:
+            raise ValueError(
+                f"refusing to serve {bind} without CURVE keys: anyone who reaches the port could drive the model; "
+                "give --curve-secret-key and --curve-clients (bictl worker keygen), or --insecure"
+            )
+        if curve is not None:
+            check_server_keys(*curve)
+        self.curve = curve  # (this worker's secret key file, directory of authorized gateway public keys)
+        self.insecure = insecure
         self.engine = engine
         self.engine_info = engine_info
         self.template = template
@@ -92,6 +103,12 @@ class WorkerServer:
         router = self.zctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        auth = None
+        if self.curve is not None:
+            auth = secure_server(self.zctx, router, *self.curve)
+        elif self.bind.startswith("tcp://"):
+            self.log("insecure_link", bind=self.bind, level="warning",
+                     warning="plain tcp without CURVE keys: anyone who reaches this port can use the model")  # fmt: skip
         router.bind(self.bind)
         self._router = router
         replies = self.zctx.socket(zmq.PULL)
@@ -101,13 +118,15 @@ class WorkerServer:
         self._poller = zmq.Poller()
         self._poller.register(router, zmq.POLLIN)
         self._poller.register(replies, zmq.POLLIN)
-        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid(), curve=self.curve is not None)
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
             self.embedder.stop()
             router.close(0)
             replies.close(0)
+            if auth is not None:
+                auth.stop()
             self._stop.set()
 
     def hello(self) -> Hello:

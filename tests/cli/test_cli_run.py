@@ -63,7 +63,7 @@ def test_verbose_prints_counts_and_rates(daemon):
 def test_a_model_without_a_chat_template_runs_as_text_completion(daemon, tmp_path):
     base = write_tiny_gguf(tmp_path / "base.gguf", chat_template=None, seed=3)
     daemon.registry.register_local("base:latest", base)
-    daemon.settings.models["base:latest"] = ModelSettings(endpoint=daemon.worker.endpoint)
+    daemon.settings.models["base:latest"] = ModelSettings(endpoint=daemon.worker.endpoint, insecure=True)
     r = bictl(daemon, "run", "base", "Once upon a time")
     assert r.exit_code == 0, r.output
     s = daemon.worker.submits[-1]

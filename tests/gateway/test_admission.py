@@ -40,7 +40,7 @@ async def test_queue_full_is_503_with_retry_after_and_the_worker_sees_only_what_
 
 
 async def test_waiting_past_queue_timeout_is_504_queue_timeout(make_gateway, fake_worker):
-    gw = await one_seq_gateway(make_gateway, fake_worker, models={MODEL: ModelSettings(endpoint=fake_worker.endpoint, queue_timeout_ms=200)})
+    gw = await one_seq_gateway(make_gateway, fake_worker, models={MODEL: ModelSettings(endpoint=fake_worker.endpoint, queue_timeout_ms=200, insecure=True)})
     held = asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat("w STALL")))
     await wait_for(lambda: len(fake_worker.submits) == 1)
     for stream in (False, True):

@@ -41,7 +41,7 @@ def short_tmp():
 
 
 def manager(tmp: Path, extra_buffers: str = "on", **kw) -> tuple[ModelManager, LogCapture]:
-    settings = make_settings(tmp, defaults=ModelSettings(extra_buffers=extra_buffers), **kw)
+    settings = make_settings(tmp, defaults=ModelSettings(extra_buffers=extra_buffers), worker_start_timeout=30.0, **kw)
     logs = LogCapture(settings)
     store = FallbackStore.in_cache_dir(settings.cache_dir(), build_id="build-a", cpu="cpu-a")
     m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger, worker_command=WORKER,

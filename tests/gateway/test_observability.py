@@ -28,7 +28,7 @@ async def test_one_json_stream_with_logger_names_and_clean_metrics(tmp_path):
     await worker.start()
     port = free_port()
     settings = Settings(host="127.0.0.1", port=port, model_cache_dir=str(tmp_path / "cache"), runtime_dir=str(tmp_path / "run"),
-                        embed_default_model=False, models={MODEL: ModelSettings(endpoint=worker.endpoint)}, log_json=True)  # fmt: skip
+                        embed_default_model=False, models={MODEL: ModelSettings(endpoint=worker.endpoint, insecure=True)}, log_json=True)  # fmt: skip
     stream = io.StringIO()
     logger = make_logger(settings, stream=stream)
     registry = Registry(settings, logger=logger)
