@@ -149,7 +149,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         model = adapter.model(req)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     except ClientDisconnect:
         return Response(status_code=499)
     stream = adapter.streaming(req)
@@ -158,7 +158,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     try:
         gen = await until_disconnect(request, opening)
     except GatewayError as exc:
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
@@ -171,7 +171,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return Response(status_code=499)
     except GatewayError as exc:
         gen.close(exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     finally:
         gen.close()
     if (info := done_error(result.done)) is not None:

@@ -132,7 +132,7 @@ class ModelManager:
         logger: Any = None,
         worker_command: Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
-        heartbeat: tuple[float, float] = (5.0, 30.0),
+        heartbeat: tuple[float, float] | None = None,
         stop_timeout: float = 10.0,
         ctx: zmq.asyncio.Context | None = None,
         fallbacks: FallbackStore | None = None,
@@ -141,7 +141,8 @@ class ModelManager:
         self.registry = registry
         self.log = logger if logger is not None else make_logger(settings)
         self.command = list(worker_command or default_command()) + list(extra_args)
-        self.heartbeat = heartbeat  # (interval, timeout) of pings to a worker that runs elsewhere
+        # (interval, timeout) of pings to every worker: one silent past the timeout is lost (and restarted)
+        self.heartbeat = heartbeat or (settings.heartbeat_interval, settings.heartbeat_timeout)
         self.stop_timeout = stop_timeout  # SIGTERM, then SIGKILL after this many seconds
         self._ctx = ctx
         self._handles: dict[str, WorkerHandle] = {}
@@ -279,7 +280,10 @@ class ModelManager:
         endpoint = ipc_endpoint(run_dir, record.name)
         proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts, profile), self.log)
         await proc.start()
-        link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)
+        link = WorkerLink(
+            endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
+            heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, logger=self.log,
+        )  # fmt: skip
         connecting = asyncio.create_task(link.connect(timeout))
         exited = asyncio.create_task(proc.wait())
         try:
@@ -340,7 +344,19 @@ class ModelManager:
             if handle.link is link:
                 self.log.error("worker_lost", model=handle.name, reason=reason)
                 self._forget(handle)
+                if handle.process is not None and handle.process.returncode is None and not self._closed:
+                    self._spawn_task(self._restart_hung(handle))
         self._spawn_task(link.close(reason))
+
+    async def _restart_hung(self, handle: WorkerHandle) -> None:
+        """A worker process that stopped answering is killed and a fresh one started in its place."""
+        handle.unloading = True  # its exit is this restart, not a crash
+        await handle.process.stop(timeout=1.0)
+        self.log.warning("worker_restart", model=handle.name, pid=handle.process.pid, reason="stopped answering")
+        try:
+            await self.get(handle.name)
+        except Exception as exc:  # noqa: BLE001 - the next request tries again
+            self.log.error("worker_restart_failed", model=handle.name, error=str(exc))
 
     def _forget(self, handle: WorkerHandle) -> None:
         if self._handles.get(handle.name) is handle:

@@ -191,10 +191,14 @@ def test_embed(embed_stub):
     assert r.exit_code == 1 and "model 'nosuch' not found" in r.stderr and "bictl pull nosuch" in r.stderr
 
 
-def test_embed_against_the_live_daemon(daemon):
-    # the scripted fake worker embeds (a vector of 4 per input); an unknown model gets the not-found wording
-    r = bictl(daemon, "embed", "fake", "hello there")
-    assert r.exit_code == 0 and r.stdout.startswith("'hello there': dim=4 [")
+def test_embed_reports_the_workers_error(daemon):
+    # the scripted fake worker refuses this input: its typed error reaches the user as a sentence
+    r = bictl(daemon, "embed", "fake", "NOEMBED")
+    assert r.exit_code == 1
+    assert r.stderr.strip() == "error: this model cannot embed"
+
+
+def test_embed_unknown_model_gets_a_did_you_mean(daemon):
     r = bictl(daemon, "embed", "fakee", "x")
     assert r.exit_code == 1 and "did you mean 'fake:latest'" in r.stderr
 

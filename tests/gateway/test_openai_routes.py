@@ -201,8 +201,9 @@ async def test_overload_is_503(make_gateway, fake_worker):
     gw = await make_gateway(fake_worker.endpoint, max_queue=1)
     held = [asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat_body(f"w{i} STALL"))) for i in range(2)]
     # one runs on the worker's only sequence, the other waits in the gateway's queue
-    while len(fake_worker.submits) < 1 or gw.app.state.admission.queue(MODEL).depth < 1:
-        await asyncio.sleep(0.01)
+    from .test_disconnect import wait_for
+
+    await wait_for(lambda: len(fake_worker.submits) == 1 and gw.app.state.admission.queue(MODEL).depth == 1)
     r = await gw.client.post("/v1/chat/completions", json=chat_body("one more"))
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
@@ -311,3 +312,13 @@ async def test_stream_with_no_output_still_finishes(gateway):
     assert r.status_code == 200 and len(events) == 3
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[1]["choices"][0]["finish_reason"] == "stop" and events[2] == "[DONE]"
+
+
+async def test_thinking_parts_become_reasoning_content(gateway):
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("THINK:hmm THINK:ok answer"))
+    msg = r.json()["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": " answer", "reasoning_content": "hmmok"}
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("THINK:hmm answer", stream=True))
+    deltas = [c["choices"][0]["delta"] for c in sse_events(r.text)[:-1] if c["choices"]]
+    assert {"reasoning_content": "hmm"} in deltas and {"content": " answer"} in deltas
+    assert deltas.index({"reasoning_content": "hmm"}) < deltas.index({"content": " answer"})

@@ -229,3 +229,31 @@ def test_manifest_gpu_and_mmap_parameters_reach_the_worker_command():
 
     args = parse_args(["--bind", "x", "--model-name", "g", *argv[argv.index("--n-gpu-layers"):]])
     assert (args.n_gpu_layers, args.main_gpu, args.use_mmap, args.use_mlock) == (-1, 1, False, True)
+
+
+async def test_a_worker_that_stops_answering_fails_its_requests_and_is_restarted(short_tmp):
+    """No tick, reply or pong within the heartbeat timeout: typed error for what was in flight, the hung
+    process is killed and a fresh worker started, without waiting for the next request."""
+    settings = make_settings(short_tmp, None)
+    logs = LogCapture(settings)
+    m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger, worker_command=FAKE_CMD, heartbeat=(0.1, 1.0))
+    try:
+        h = await m.get(MODEL)
+        first = h.process
+        text, done = await asyncio.wait_for(run(h, chat("f1", "a b FREEZE c")), 10)
+        assert text == "a b"
+        assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.WORKER_UNAVAILABLE
+        assert done.error.retryable and "stopped answering" in done.error.message
+        for _ in range(200):
+            if m.running() and m.running()[0].pid != first.pid:
+                break
+            await asyncio.sleep(0.05)
+        assert first.returncode is not None  # the hung process was killed
+        [info] = m.running()
+        assert info.pid != first.pid
+        h2 = await m.get(MODEL)
+        text, done = await run(h2, chat("f2", "alive again"))
+        assert text == "alive again" and done.finish_reason == FinishReason.STOP
+        assert [e["model"] for e in logs.events("worker_restart")] == [MODEL]
+    finally:
+        await m.aclose()

@@ -188,3 +188,12 @@ def test_generation_streams_while_embedding_runs_on_its_own_thread(worker):
     # tokens kept streaming while the embeddings were computed (on the scheduler thread at most one
     # tick could have slipped in before the embedding call held it)
     assert order[: order.index("embed")].count("tick-g") >= 3, order
+
+
+def test_an_aborted_embedding_stops_between_inputs(worker):
+    _, client = worker
+    hello(client)
+    client.send(Embed("e", ["word " * 48] * 400))
+    client.send(Abort(["e"]))
+    r = client.recv()
+    assert r.id == "e" and r.error is not None and "aborted" in r.error.message and r.embeddings == []

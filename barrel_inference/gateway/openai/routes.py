@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Embed, Submit
+from ...protocol import Embed, Submit, ThinkingPart
 from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
@@ -64,7 +64,11 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        thinking = "".join(p.text for p in result.parts if type(p) is ThinkingPart)
+        if thinking:  # the common extension clients read reasoning from
+            body["choices"][0]["message"]["reasoning_content"] = thinking
+        return body
 
 
 class CompletionAdapter(_OpenAIAdapter):
@@ -83,7 +87,7 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
@@ -104,7 +108,7 @@ async def embeddings(request: Request) -> Response:
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
         record_embedding(state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=n_inputs, prompt_tokens=None, t0=t0, error=exc)
-        return FAMILY.error_response(exc.info, headers=headers)
+        return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
     record_embedding(state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=n_inputs, prompt_tokens=result.count, t0=t0)
