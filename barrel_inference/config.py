@@ -137,6 +137,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     keep_alive_timeout: float = 30.0
     max_connections: int = 1024
     max_header_bytes: int = 65536
+    run_num_predict: int = 1024  # `bictl run`: tokens per answer unless --max-tokens (0: no cap)
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:

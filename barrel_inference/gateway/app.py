@@ -15,13 +15,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, system
+from . import health, openapi, system, webui
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
 from .http import new_id
 from .logging import make_logger
-from .metrics import GatewayMetrics
+from .metrics import GatewayMetrics, build_labels
 from .outcomes import OutcomeCounter
 from .security import BrowserGuard
 from .sessions import PromptNormalizer
@@ -162,18 +162,18 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.registry = registry
     app.state.models = models
-    app.state.metrics = GatewayMetrics()
+    app.state.metrics = GatewayMetrics(**build_labels(settings))
     app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
     app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
-    app.state.families = families
+    app.state.families = families  # /openapi.json reads their schema tables too
     models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)

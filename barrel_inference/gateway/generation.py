@@ -207,3 +207,26 @@ def record_rejected(state: Any, *, api: str, request_id: str, error: GatewayErro
         "request", request_id=request_id, api=api, model=model, status=error.code.value, error=error.info.message,
         param=error.param,
     )  # fmt: skip
+
+
+def record_embedding(
+    state: Any, *, api: str, model: str, request_id: str, inputs: int, prompt_tokens: int | None, t0: float,
+    error: GatewayError | None = None,
+) -> None:
+    """Count and log one embedding request as generations are: the requests counter, prompt tokens, e2e latency
+    and one `request` log line."""
+    metrics, total_s = state.metrics, time.monotonic() - t0
+    status = error.code.value if error is not None else "ok"
+    label = model or "unknown"
+    metrics.requests.labels(label, api, status).inc()
+    fields: dict[str, Any] = {}
+    if error is None:
+        metrics.prompt_tokens.labels(label).inc(prompt_tokens or 0)
+        metrics.embedded_inputs.labels(label).inc(inputs)
+        metrics.e2e.labels(label).observe(total_s)
+        fields["prompt_tokens"] = prompt_tokens or 0
+    else:
+        fields["error"] = error.info.message
+    emit = state.log.warning if error is not None else state.log.info
+    emit("request", request_id=request_id, api=api, model=model, status=status, inputs=inputs,
+         total_ms=round(total_s * 1000, 1), **fields)  # fmt: skip

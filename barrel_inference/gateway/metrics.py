@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import signal
+from importlib import metadata
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+
+def llama_cpp_version() -> str:
+    """llama-cpp-python's version from its package metadata (the gateway never imports llama_cpp)."""
+    for dist in ("llama_cpp_python", "llama-cpp-python"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
 
 P = "barrel_inference_"
+
+
+def build_labels(settings) -> dict:
+    """The build_info labels for an app built from `settings`."""
+    from .. import __version__
+
+    return {"version": __version__, "llama_cpp_version": llama_cpp_version(),
+            "engine_profile": f"extra_buffers={settings.model_settings('').extra_buffers or 'auto'}"}  # fmt: skip
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
@@ -16,7 +34,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 
 class GatewayMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, *, version: str = "", llama_cpp_version: str = "", engine_profile: str = "") -> None:
+        disable_created_metrics()  # no `_created` series next to every counter and histogram
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(P + "requests", "Generation requests by outcome (finish reason or error code)", ["model", "api", "status"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
@@ -56,6 +75,27 @@ class GatewayMetrics:
         else:
             cause = f"exit {returncode}"
         self.worker_exits.labels(model, cause).inc()
+        self.embedded_inputs = Counter(P + "embedding_inputs", "Texts embedded", ["model"], registry=r)
+        self.build_info = Gauge(P + "build_info", "The daemon's build: its version, llama.cpp's and the engine profile setting",
+                                ["version", "llama_cpp_version", "engine_profile"], registry=r)  # fmt: skip
+        self.build_info.labels(version, llama_cpp_version or "unknown", engine_profile or "unknown").set(1)
+
+    def forget_model(self, model: str) -> None:
+        """Remove every series of `model` (it was deleted: its figures would be reported for ever)."""
+        from prometheus_client.metrics import MetricWrapperBase
+
+        for metric in vars(self).values():
+            if not isinstance(metric, MetricWrapperBase) or "model" not in metric._labelnames:
+                continue
+            names = metric._labelnames
+            seen = set()
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.labels.get("model") == model:
+                        key = tuple(sample.labels[n] for n in names)
+                        if key not in seen:
+                            seen.add(key)
+                            metric.remove(*key)
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
         """Set the waiting gauge from (model, queue depth) pairs."""
