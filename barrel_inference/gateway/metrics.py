@@ -18,6 +18,7 @@ def llama_cpp_version() -> str:
             continue
     return ""
 
+
 P = "barrel_inference_"
 
 
@@ -27,6 +28,8 @@ def build_labels(settings) -> dict:
 
     return {"version": __version__, "llama_cpp_version": llama_cpp_version(),
             "engine_profile": f"extra_buffers={settings.model_settings('').extra_buffers or 'auto'}"}  # fmt: skip
+
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
@@ -61,6 +64,10 @@ class GatewayMetrics:
         self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "kind"], registry=r)
         self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "cause"], registry=r)  # fmt: skip
         self._started: set[str] = set()
+        self.embedded_inputs = Counter(P + "embedding_inputs", "Texts embedded", ["model"], registry=r)
+        self.build_info = Gauge(P + "build_info", "The daemon's build: its version, llama.cpp's and the engine profile setting",
+                                ["version", "llama_cpp_version", "engine_profile"], registry=r)  # fmt: skip
+        self.build_info.labels(version, llama_cpp_version or "unknown", engine_profile or "unknown").set(1)
 
     def worker_started(self, model: str) -> None:
         self.worker_starts.labels(model, "restart" if model in self._started else "first").inc()
@@ -75,10 +82,6 @@ class GatewayMetrics:
         else:
             cause = f"exit {returncode}"
         self.worker_exits.labels(model, cause).inc()
-        self.embedded_inputs = Counter(P + "embedding_inputs", "Texts embedded", ["model"], registry=r)
-        self.build_info = Gauge(P + "build_info", "The daemon's build: its version, llama.cpp's and the engine profile setting",
-                                ["version", "llama_cpp_version", "engine_profile"], registry=r)  # fmt: skip
-        self.build_info.labels(version, llama_cpp_version or "unknown", engine_profile or "unknown").set(1)
 
     def forget_model(self, model: str) -> None:
         """Remove every series of `model` (it was deleted: its figures would be reported for ever)."""

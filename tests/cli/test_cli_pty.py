@@ -157,7 +157,7 @@ def test_a_non_streaming_pull_whose_client_leaves_is_cancelled(daemon, tiny_byte
     body = json.dumps({"model": url, "destination": "slow:2", "stream": False}).encode()
     host, port = daemon.host.split(":")
     s = socketlib.create_connection((host, int(port)))
-    s.sendall(b"POST /api/pull HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+    s.sendall(b"POST /api/pull HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
     layout = daemon.registry.layout
     assert wait_for(lambda: any(layout.tmp.glob("*.part")), 15)
