@@ -56,6 +56,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
     aliases: dict[str, str] = {}
+    # keys the Anthropic routes accept (x-api-key or Authorization: Bearer); empty: open to any key or none
+    anthropic_api_keys: list[str] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
     defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
