@@ -46,6 +46,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
         return ModelSettings(**fields)
 
 
+# settings a running daemon re-reads from its config file on SIGHUP
+RELOADABLE = ("aliases", "anthropic_api_keys")
+
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
 
@@ -76,6 +79,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
     ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
     pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
+
+    # ---- reload ---------------------------------------------------------------------
+    def apply_reload(self, fresh: "Settings") -> list[str]:
+        """Take the keys that may change without a restart (RELOADABLE) from `fresh`; the names that changed.
+
+        A request already in flight keeps what it read: a model name is resolved once, when it starts.
+        """
+        changed = []
+        for key in RELOADABLE:
+            value = getattr(fresh, key)
+            if getattr(self, key) != value:
+                setattr(self, key, value)
+                changed.append(key)
+        return changed
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:

@@ -44,3 +44,20 @@ def test_unknown_key_is_a_clear_error(tmp_path):
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert load_settings(env={}).cache_dir() == tmp_path / "barrel_inference_server" / "models"
+
+
+def test_reload_takes_aliases_and_keys_only(tmp_path):
+    from barrel_inference.gateway.server import reload_config
+    from barrel_inference.gateway.logging import make_logger
+
+    settings = load_settings(env={}, port=9000, aliases={"a": "m1"})
+    log = make_logger(settings)
+    fresh = load_settings(env={}, port=9999, aliases={"a": "m2", "b": "m1"}, anthropic_api_keys=["k"])
+    assert reload_config(settings, lambda: fresh, log) == ["aliases", "anthropic_api_keys"]
+    assert settings.aliases == {"a": "m2", "b": "m1"} and settings.anthropic_api_keys == ["k"]
+    assert settings.port == 9000  # not reloadable: the socket is bound
+
+    def broken():
+        raise ValueError("invalid configuration")
+
+    assert reload_config(settings, broken, log) == [] and settings.aliases == {"a": "m2", "b": "m1"}

@@ -99,3 +99,28 @@ async def test_gemma_real_text_through_a_claude_alias(tmp_path_factory):
         assert streamed == msg.content[0].text
     finally:
         d.stop()
+
+
+async def test_alias_added_without_a_restart_on_sighup(daemon):
+    import asyncio
+    import signal
+
+    c = client(daemon)
+    body = dict(max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.NotFoundError):
+        await c.messages.create(model="claude-opus-4-7", **body)
+    original = daemon.config.read_text()
+    daemon.config.write_text(original.replace("[aliases]\n", '[aliases]\n"claude-opus-4-7" = "tiny"\n'))
+    try:
+        daemon.proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if "config_reloaded" in daemon.log():
+                break
+            await asyncio.sleep(0.05)
+        msg = await c.messages.create(model="claude-opus-4-7", **body)
+        assert msg.model == "claude-opus-4-7" and msg.usage.output_tokens > 0
+        ids = [m.id for m in (await c.models.list()).data]
+        assert "claude-opus-4-7" in ids
+    finally:
+        daemon.config.write_text(original)
+        daemon.proc.send_signal(signal.SIGHUP)
