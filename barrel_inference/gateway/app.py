@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 from typing import Any
 
 from starlette.applications import Starlette
@@ -16,40 +17,33 @@ from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
 from . import health
 from .errors import GatewayError
-from .http import JSONBody
+from .family import Families, Family
 from .logging import make_logger
 from .metrics import GatewayMetrics
-from .openai import routes as openai_routes
-from .openai.convert import error_body, error_status
 from .workers import ModelManager
 
-
-def _families() -> list[Any]:
-    """The API families' route modules: each has `routes() -> list`, and may have `async aclose(app)`."""
-    families: list[Any] = [openai_routes]
-    try:
-        from .ollama import routes as ollama_routes
-    except ImportError:
-        pass
-    else:
-        families.append(ollama_routes)
-    return families
+# The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
+FAMILIES = (
+    "barrel_inference.gateway.openai",
+    "barrel_inference.gateway.ollama",
+)
 
 
-def error_json(path: str, info: ErrorInfo, status: int | None = None) -> Response:
-    """An error in the envelope of the API that `path` belongs to (OpenAI's under /v1, else {"error": msg})."""
-    status = status or error_status(info.code)
-    if path.startswith("/v1/") or path == "/v1":
-        return JSONBody(error_body(info), status_code=status)
-    return JSONBody({"error": info.message}, status_code=status)
+def load_families(names: tuple[str, ...] = FAMILIES) -> Families:
+    out: list[Family] = []
+    for name in names:
+        module = importlib.import_module(name)
+        out.append(module.family())
+    return Families(out)
 
 
 class ErrorMiddleware:
     """Any exception a route did not handle still gets a JSON error answer and a log line, not a bare 500."""
 
-    def __init__(self, app: ASGIApp, log: Any) -> None:
+    def __init__(self, app: ASGIApp, log: Any, families: Families) -> None:
         self.app = app
         self.log = log
+        self.families = families
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,21 +66,26 @@ class ErrorMiddleware:
             if started:
                 return
             info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
-            await error_json(scope.get("path", ""), info)(scope, receive, send)
+            await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
+
+
+_HTTP_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.REQUEST_TOO_LARGE}
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
-    """Unknown routes and wrong methods, answered in the envelope of the API the path belongs to."""
+    """Unknown routes and wrong methods, answered in the envelope of the family that owns the path."""
     assert isinstance(exc, HTTPException)
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    if request.url.path.startswith("/v1"):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-        return JSONBody(body, status_code=exc.status_code, headers=exc.headers)
-    return JSONBody({"error": message}, status_code=exc.status_code, headers=exc.headers)
+    info = ErrorInfo(_HTTP_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST), message)
+    families: Families = request.app.state.families
+    return families.error_response(request.url.path, info, status=exc.status_code, headers=exc.headers)
 
 
-def create_app(settings: Settings, *, registry: Any = None, models: ModelManager | None = None, logger: Any = None) -> Starlette:
+def create_app(
+    settings: Settings, *, registry: Any = None, models: ModelManager | None = None, logger: Any = None,
+    families: list[Family] | None = None,
+) -> Starlette:
+    """The app. `families`: the API families to serve (default: those named in FAMILIES)."""
     log = logger if logger is not None else make_logger(settings)
     if registry is None:
         from ..registry import Registry
@@ -95,7 +94,7 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     if models is None:
         models = ModelManager(settings, registry, logger=log)
 
-    families = _families()
+    families = Families(families) if families is not None else load_families()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -103,17 +102,17 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
         try:
             yield
         finally:
-            for family in families:
-                if hasattr(family, "aclose"):
+            for family in families.all:
+                if family.aclose is not None:
                     try:
                         await family.aclose(app)
                     except Exception as exc:  # noqa: BLE001 - stopping the workers must still happen
-                        log.error("shutdown_error", family=family.__name__, error=str(exc))
+                        log.error("shutdown_error", family=family.name, error=str(exc))
             await models.aclose()
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *(r for family in families for r in family.routes())],
+        routes=[*health.routes(), *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
@@ -122,7 +121,8 @@ def create_app(settings: Settings, *, registry: Any = None, models: ModelManager
     app.state.models = models
     app.state.metrics = GatewayMetrics()
     app.state.log = log
-    app.add_middleware(ErrorMiddleware, log=log)
+    app.state.families = families
+    app.add_middleware(ErrorMiddleware, log=log, families=families)
     return app
 
 

@@ -1,8 +1,9 @@
 """RequestStream: the gateway's collector for one in-flight request.
 
-The link feeds it deltas and the final Done as they arrive from the worker; the HTTP side reads
-events at its own pace. Deltas that pile up while the reader is slow are merged into one, so the
-link's receive loop never waits for a client (the worker is never blocked by a slow reader).
+The link feeds it the Accepted event, deltas and the final Done as they arrive from the worker;
+the HTTP side awaits `opened()` (Accepted or an early Done), then reads events at its own pace. Deltas that pile up while the reader is slow are merged
+into one (their parts keep their order; adjacent parts of one kind are joined), so the link's
+receive loop never waits for a client (the worker is never blocked by a slow reader).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import time
 from typing import Callable
 
-from ..protocol import Delta, Done
+from ..protocol import Accepted, Delta, Done, merge_parts
 
 Event = Delta | Done
 
@@ -23,6 +24,8 @@ class RequestStream:
         self.id = request_id
         self._on_abort = on_abort
         self._pending: Delta | None = None
+        self.accepted: Accepted | None = None  # once it arrived
+        self._opened = asyncio.Event()
         self._done: Done | None = None
         self._delivered_done = False
         self._aborted = False
@@ -36,11 +39,17 @@ class RequestStream:
         self.n_tokens = 0  # tokens generated so far (as the deltas counted them)
 
     # ---- fed by the link --------------------------------------------------------------
+    def feed_accepted(self, accepted: Accepted) -> None:
+        if self._done is not None or self.accepted is not None:
+            return
+        self.accepted = accepted
+        self._opened.set()
+
     def feed_delta(self, delta: Delta) -> None:
         if self._done is not None:
             return
         now = time.monotonic()
-        n = delta.n_tokens or (1 if delta.text or delta.tokens else 0)
+        n = delta.n_tokens or (1 if delta.parts or delta.tokens else 0)
         if n:
             self.n_tokens += n
             if self.t_first_token is None:
@@ -48,10 +57,12 @@ class RequestStream:
             elif self.t_last_token is not None:
                 self.token_gaps.append((now - self.t_last_token, n))
             self.t_last_token = now
+        self._opened.set()  # output implies acceptance (a worker that sent none)
         if self._pending is None:
-            self._pending = Delta(id=delta.id, text=delta.text, tokens=list(delta.tokens), n_tokens=delta.n_tokens)
+            self._pending = Delta(id=delta.id, parts=[], tokens=list(delta.tokens), n_tokens=delta.n_tokens)
+            merge_parts(self._pending.parts, delta.parts)
         else:
-            self._pending.text += delta.text
+            merge_parts(self._pending.parts, delta.parts)
             self._pending.tokens.extend(delta.tokens)
             self._pending.n_tokens += delta.n_tokens
         self._wake.set()
@@ -61,6 +72,7 @@ class RequestStream:
             return
         self._done = done
         self._wake.set()
+        self._opened.set()
         callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
             cb(done)
@@ -73,6 +85,14 @@ class RequestStream:
             self._callbacks.append(cb)
 
     # ---- read by the HTTP side --------------------------------------------------------
+    async def opened(self) -> Accepted | Done:
+        """Wait until the worker accepted the request (-> Accepted) or ended it first (-> Done)."""
+        await self._opened.wait()
+        if self.accepted is not None:
+            return self.accepted
+        if self._done is not None and self._pending is None:
+            return self._done
+        return Accepted(self.id, prompt_tokens=0)
     @property
     def finished(self) -> bool:
         """True once the worker's Done arrived (whether or not it was read)."""

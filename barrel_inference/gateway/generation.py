@@ -11,13 +11,31 @@ figures and writes its one log line.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..protocol import Delta, Done, ErrorCode, FinishReason, Submit
+from ..protocol import Accepted, Delta, Done, ErrorCode, FinishReason, Submit, TextPart, Usage, merge_parts
 from .collector import RequestStream
 from .errors import GatewayError
 
 Event = Delta | Done
+
+
+@dataclass
+class Result:
+    """A collected generation: ordered parts (adjacent ones of a kind merged), tokens, the final Done."""
+
+    parts: list
+    tokens: list[int]
+    done: Done
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if type(p) is TextPart)
+
+    @property
+    def usage(self) -> Usage:
+        return self.done.usage
 
 
 class Generation:
@@ -34,7 +52,7 @@ class Generation:
         self.stream_response = stream_response
         self.stream: RequestStream | None = None
         self.error: GatewayError | None = None
-        self._first: Event | None = None
+        self.accepted: Accepted = Accepted(submit.id, prompt_tokens=0)
         self._t0 = time.monotonic()
         self._closed = False
         self._counted_active = False
@@ -61,29 +79,28 @@ class Generation:
         self.stream = handle.submit(self.submit)
         self.state.metrics.active_streams.labels(self.model).inc()
         self._counted_active = True
-        first = await self.stream.__anext__()
-        if isinstance(first, Done) and first.error is not None:
-            raise GatewayError.from_info(first.error)
-        self._first = first
+        first = await self.stream.opened()
+        if isinstance(first, Done):
+            if first.error is not None:
+                raise GatewayError.from_info(first.error)
+        else:
+            self.accepted = first
 
     async def events(self) -> AsyncIterator[Event]:
         assert self.stream is not None
-        if self._first is not None:
-            first, self._first = self._first, None
-            yield first
         async for event in self.stream:
             yield event
 
-    async def collect(self) -> tuple[str, list[int], Done]:
-        """Read to the end: (text, tokens, done)."""
-        parts: list[str] = []
+    async def collect(self) -> Result:
+        """Read to the end: the parts in order, the tokens, the Done."""
+        parts: list = []
         tokens: list[int] = []
         async for event in self.events():
             if isinstance(event, Delta):
-                parts.append(event.text)
+                merge_parts(parts, event.parts)
                 tokens.extend(event.tokens)
             else:
-                return "".join(parts), tokens, event
+                return Result(parts, tokens, event)
         raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
 
     # ---- end ------------------------------------------------------------------------

@@ -6,11 +6,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..protocol import Call
+from ..protocol import GetStats
 from .errors import GatewayError
+from .family import STATUS
 from .http import JSONBody
-
-_STATUS = {"model_not_found": 404, "overloaded": 503, "worker_unavailable": 503}
 
 
 async def health(request: Request) -> Response:
@@ -29,11 +28,11 @@ async def stats(request: Request) -> Response:
     name = request.query_params.get("model") or state.settings.default_model
     try:
         handle = await state.models.get(name)
-        result = await handle.call(Call(id="", op="stats"))
+        result = await handle.call(GetStats(id=""))
     except GatewayError as exc:
-        return JSONBody({"error": exc.info.message}, status_code=_STATUS.get(exc.code.value, 400))
+        return JSONBody({"error": exc.info.message}, status_code=STATUS.get(exc.code, 500))
     if result.error is not None:
-        return JSONBody({"error": result.error.message}, status_code=_STATUS.get(result.error.code.value, 500))
+        return JSONBody({"error": result.error.message}, status_code=STATUS.get(result.error.code, 500))
     return JSONBody({"model": handle.name, "pid": handle.info().pid, "in_flight": handle.in_flight, "stats": result.stats or {}})
 
 

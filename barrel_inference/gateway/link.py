@@ -1,13 +1,14 @@
 """WorkerLink: the gateway's ZeroMQ DEALER to one worker's ROUTER.
 
-One receive loop decodes FromWorker messages and routes them: Hello to `connect`, Tick deltas and
-dones to per-request collectors (RequestStream), CallResult to waiting futures, anything at all
-counts as a sign of life for the heartbeat. Sends go through a queue drained by one writer task,
+One receive loop decodes FromWorker messages and routes them: Hello to `connect`, Tick acceptances,
+deltas and dones to per-request collectors (RequestStream), helper replies to waiting futures,
+anything at all counts as a sign of life for the heartbeat. A message that cannot be decoded fails
+the requests and calls it names (read from it loosely), with a typed INTERNAL error. Sends go through a queue drained by one writer task,
 so `submit` and `abort` never await (an abort can be sent from a cancelled task's cleanup).
 
 When the worker is lost (its process died, the heartbeat stopped, the link was closed) every
-in-flight request ends with Done(error=WORKER_UNAVAILABLE, retryable) and every call gets a
-CallResult with that error.
+in-flight request ends with Done(error=WORKER_UNAVAILABLE, retryable) and every call gets its
+reply with that error.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ import zmq.utils.monitor
 from ..protocol import (
     PROTOCOL_VERSION,
     Abort,
-    Call,
-    CallResult,
+    REPLY_OF,
     Connect,
     Done,
     ErrorCode,
     ErrorInfo,
     FinishReason,
     GatewayCodec,
+    HelperCall,
     Hello,
     Ping,
     Pong,
+    Reply,
     Submit,
     Tick,
     ToWorker,
@@ -67,7 +69,7 @@ class WorkerLink:
         self._sock: zmq.asyncio.Socket | None = None
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._streams: dict[str, RequestStream] = {}
-        self._calls: dict[str, asyncio.Future[CallResult]] = {}
+        self._calls: dict[str, tuple[type, asyncio.Future[Reply]]] = {}
         self._call_ids = itertools.count(1)
         self._hello_waiter: asyncio.Future[Hello] | None = None
         self._tasks: list[asyncio.Task] = []
@@ -165,9 +167,9 @@ class WorkerLink:
         for rid, stream in streams.items():
             stream.feed_done(Done(id=rid, finish_reason=FinishReason.ERROR, error=info))
         calls, self._calls = self._calls, {}
-        for cid, fut in calls.items():
+        for cid, (kind, fut) in calls.items():
             if not fut.done():
-                fut.set_result(CallResult(id=cid, error=info))
+                fut.set_result(kind(id=cid, error=info))
 
     # ---- requests ---------------------------------------------------------------------
     def in_flight(self) -> list[str]:
@@ -188,19 +190,30 @@ class WorkerLink:
         if ids and self.alive:
             self._send(Abort(ids=ids))
 
-    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+    async def call(self, call: HelperCall, timeout: float = 30.0) -> Any:
+        """Send a helper call (Tokenize, Render, Embed...) and await its reply (TokenizeResult...).
+
+        A call still waiting when its task is cancelled (the client left) is aborted on the worker."""
         self._check_alive()
         if not call.id or call.id in self._calls:
             call = msgspec.structs.replace(call, id=f"call-{next(self._call_ids)}")
-        fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls[call.id] = fut
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._calls[call.id] = (REPLY_OF[type(call)], fut)
         self._send(call)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise worker_unavailable(f"worker for {self.name} did not answer {call.op!r} within {timeout:g}s") from None
+            self._abort_call(call.id)
+            raise worker_unavailable(f"worker for {self.name} did not answer {type(call).__name__} within {timeout:g}s") from None
+        except asyncio.CancelledError:
+            self._abort_call(call.id)
+            raise
         finally:
             self._calls.pop(call.id, None)
+
+    def _abort_call(self, cid: str) -> None:
+        if cid in self._calls and self.alive:
+            self._send(Abort(ids=[cid]))
 
     def _check_alive(self) -> None:
         if not self.alive:
@@ -234,7 +247,7 @@ class WorkerLink:
             try:
                 msg = self._codec.decode(body)
             except msgspec.DecodeError as exc:
-                self._warn("undecodable message from worker", error=str(exc))
+                self._undecodable(body, exc)
                 continue
             try:
                 self._dispatch(msg)
@@ -254,6 +267,10 @@ class WorkerLink:
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Tick):
+            for accepted in msg.accepted:
+                stream = self._streams.get(accepted.id)
+                if stream is not None:
+                    stream.feed_accepted(accepted)
             for delta in msg.deltas:
                 stream = self._streams.get(delta.id)
                 if stream is not None:
@@ -262,10 +279,10 @@ class WorkerLink:
                 stream = self._streams.pop(done.id, None)
                 if stream is not None:
                     stream.feed_done(done)
-        elif isinstance(msg, CallResult):
-            fut = self._calls.pop(msg.id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+        elif isinstance(msg, Reply):
+            entry = self._calls.pop(msg.id, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(msg)
         elif isinstance(msg, Hello):
             if self.hello is None:
                 self.hello = msg
@@ -273,6 +290,33 @@ class WorkerLink:
                 self._hello_waiter.set_result(msg)
         elif isinstance(msg, Pong):
             self.last_pong = msg
+
+    def _undecodable(self, body: bytes, exc: Exception) -> None:
+        """Fail what a message we cannot decode names: its requests (ids in its accepted / deltas /
+        done) and its call (`id`), so none of them waits forever. Everything else goes on."""
+        ids: set[str] = set()
+        try:
+            raw = msgspec.msgpack.decode(body)
+        except msgspec.DecodeError:
+            raw = None
+        if isinstance(raw, dict):
+            if isinstance(raw.get("id"), str):
+                ids.add(raw["id"])
+            for key in ("accepted", "deltas", "done"):
+                items = raw.get(key)
+                if isinstance(items, list):
+                    ids.update(i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str))
+        self._warn("undecodable message from worker", error=str(exc), ids=sorted(ids))
+        info = ErrorInfo(ErrorCode.INTERNAL, f"the worker sent a message this gateway cannot decode: {exc}")
+        for rid in ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.feed_done(Done(id=rid, finish_reason=FinishReason.ERROR, error=info))
+                if self.alive:
+                    self._send(Abort(ids=[rid]))
+            entry = self._calls.pop(rid, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(entry[0](id=rid, error=info))
 
     async def _heartbeat_loop(self) -> None:
         assert self._hb_interval and self._hb_timeout

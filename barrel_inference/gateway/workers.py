@@ -22,7 +22,7 @@ import msgspec
 import zmq.asyncio
 
 from ..config import Settings
-from ..protocol import Call, CallResult, ErrorCode, Hello, Submit
+from ..protocol import ErrorCode, HelperCall, Hello, Submit
 from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 from .link import WorkerLink
@@ -92,7 +92,7 @@ class WorkerHandle:
     def _release(self, _done: Any) -> None:
         self.in_flight -= 1
 
-    async def call(self, call: Call, timeout: float = 30.0) -> CallResult:
+    async def call(self, call: HelperCall, timeout: float = 30.0) -> Any:
         return await self.link.call(call, timeout)
 
     def info(self) -> RunningModel:

@@ -1,7 +1,16 @@
 """msgspec Structs for the link. Two tagged unions: ToWorker (gateway -> worker) and FromWorker.
 
-Rules: every new field gets a default (old peers keep decoding); bump PROTOCOL_VERSION on a
-change that an old peer cannot ignore.
+Rules for changing the link:
+- Fields: every new field gets a default, so an old peer keeps decoding (unknown fields are ignored).
+- Enum values (ErrorCode, FinishReason, the Part and message tags): a new value is a change an old peer
+  cannot act on, so it bumps PROTOCOL_VERSION together with the code that sends it. Decoding stays
+  lenient anyway: an unknown ErrorCode becomes INTERNAL (naming the value), an unknown FinishReason
+  fails that one request with a typed error, never the whole message.
+- Anything else an old peer cannot ignore (a removed or retyped field, new meaning for an old one)
+  bumps PROTOCOL_VERSION; gateway and worker refuse to talk across versions.
+
+Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
+finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -25,19 +34,40 @@ __all__ = [
     "Submit",
     "Abort",
     "EndSession",
-    "Call",
+    "Tokenize",
+    "Detokenize",
+    "Render",
+    "CountTokens",
+    "GetStats",
+    "Embed",
+    "HelperCall",
     "Ping",
     "Hello",
+    "TextPart",
+    "ThinkingPart",
+    "ToolCallStart",
+    "ToolCallArgs",
+    "ToolCallEnd",
+    "Part",
+    "Accepted",
     "Delta",
     "Usage",
     "Timings",
     "Done",
     "Tick",
-    "CallResult",
+    "Reply",
+    "TokenizeResult",
+    "DetokenizeResult",
+    "RenderResult",
+    "CountResult",
+    "StatsResult",
+    "EmbedResult",
+    "HelperReply",
     "Pong",
     "ToWorker",
     "FromWorker",
-    "CALL_OPS",
+    "merge_parts",
+    "REPLY_OF",
 ]
 
 
@@ -50,24 +80,39 @@ class ErrorCode(str, enum.Enum):
     GRAMMAR = "grammar_error"  # the grammar did not parse
     TEMPLATE = "template_error"  # the chat template failed to render
     OVERLOADED = "overloaded"  # admission queue full
-    WORKER_UNAVAILABLE = "worker_unavailable"  # the worker died or could not start
+    QUEUE_TIMEOUT = "queue_timeout"  # waited in the admission queue past its timeout
+    WORKER_UNAVAILABLE = "worker_unavailable"  # the worker died, stopped answering or could not start
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
+    NOT_FOUND = "not_found"  # no such route
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
     INTERNAL = "internal"
 
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS / end-of-generation token or a stop sequence
     LENGTH = "length"  # max tokens or the context filled up
+    TOOL_CALLS = "tool_calls"  # the model called tools (the output ends with tool-call parts)
     ABORT = "abort"  # cancelled by the gateway (client disconnect, unload)
     ERROR = "error"  # see Done.error
 
 
 class ErrorInfo(msgspec.Struct, omit_defaults=True):
-    code: ErrorCode
+    """A typed error. `code` is an ErrorCode once decoded (an unknown value decodes as INTERNAL)."""
+
+    code: str
     message: str
     retryable: bool = False
     param: str | None = None  # the offending field, where there is one
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, ErrorCode):
+            try:
+                self.code = ErrorCode(self.code)
+            except ValueError:
+                self.message = f"{self.message} (error code {self.code!r}, unknown to this side of the link)"
+                self.code = ErrorCode.INTERNAL
 
 
 class ToolCall(msgspec.Struct, omit_defaults=True):
@@ -143,25 +188,39 @@ class EndSession(msgspec.Struct, tag="end_session", tag_field="kind"):
     session: str
 
 
-CALL_OPS = ("tokenize", "detokenize", "render", "count_tokens", "stats", "embed")
+# ---- helper calls: one Struct per call, each answered by its own Reply ----------------------
 
 
-class Call(msgspec.Struct, tag="call", tag_field="kind", omit_defaults=True):
-    """A synchronous helper call. op is one of CALL_OPS.
-
-    tokenize: text (+add_special, parse_special) -> tokens
-    detokenize: tokens -> text
-    render: messages (+tools, add_generation_prompt) -> text
-    count_tokens: text or messages -> count
-    stats: -> stats
-    embed: texts -> embeddings (L2-normalised, mean-pooled) and count (tokens read)
-    """
+class Tokenize(msgspec.Struct, tag="tokenize", tag_field="kind", omit_defaults=True):
+    """text -> TokenizeResult.tokens"""
 
     id: str
-    op: str
+    text: str
+    add_special: bool = True
+    parse_special: bool = True
+
+
+class Detokenize(msgspec.Struct, tag="detokenize", tag_field="kind", omit_defaults=True):
+    """tokens -> DetokenizeResult.text"""
+
+    id: str
+    tokens: list[int]
+
+
+class Render(msgspec.Struct, tag="render", tag_field="kind", omit_defaults=True):
+    """messages (+tools) through the chat template -> RenderResult.text"""
+
+    id: str
+    messages: list[ChatMessage]
+    tools: list[dict] | None = None
+    add_generation_prompt: bool = True
+
+
+class CountTokens(msgspec.Struct, tag="count_tokens", tag_field="kind", omit_defaults=True):
+    """The prompt tokens of text, or of messages (+tools) as rendered -> CountResult.count"""
+
+    id: str
     text: str | None = None
-    texts: list[str] | None = None
-    tokens: list[int] | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict] | None = None
     add_generation_prompt: bool = True
@@ -169,11 +228,30 @@ class Call(msgspec.Struct, tag="call", tag_field="kind", omit_defaults=True):
     parse_special: bool = True
 
 
+class GetStats(msgspec.Struct, tag="stats", tag_field="kind", omit_defaults=True):
+    """-> StatsResult.stats (scheduler figures, per-tick profile)"""
+
+    id: str
+
+
+class Embed(msgspec.Struct, tag="embed", tag_field="kind", omit_defaults=True):
+    """Inputs (texts or token ids) -> EmbedResult: mean-pooled, L2-normalised vectors, tokens read.
+
+    The worker computes them off its scheduler thread; an Abort naming this id stops it between inputs.
+    """
+
+    id: str
+    inputs: list[Union[str, list[int]]]
+
+
+HelperCall = Union[Tokenize, Detokenize, Render, CountTokens, GetStats, Embed]
+
+
 class Ping(msgspec.Struct, tag="ping", tag_field="kind"):
     nonce: int = 0
 
 
-ToWorker = Union[Connect, Submit, Abort, EndSession, Call, Ping]
+ToWorker = Union[Connect, Submit, Abort, EndSession, Tokenize, Detokenize, Render, CountTokens, GetStats, Embed, Ping]
 
 
 # ---- worker -> gateway ---------------------------------------------------------------
@@ -195,13 +273,77 @@ class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
     engine: str = "llama.cpp"
 
 
-class Delta(msgspec.Struct, omit_defaults=True):
-    """New output of one request since the last tick."""
+# Delta.parts: ordered, typed output. A tagged union on "type"; new kinds get new tags (see the rules).
+
+
+class TextPart(msgspec.Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ThinkingPart(msgspec.Struct, tag="thinking", tag_field="type"):
+    text: str
+
+
+class ToolCallStart(msgspec.Struct, tag="tool_call_start", tag_field="type"):
+    """A tool call begins. `id` is family-neutral; each API family adds its own prefix."""
+
+    index: int
+    id: str
+    name: str
+
+
+class ToolCallArgs(msgspec.Struct, tag="tool_call_args", tag_field="type"):
+    """More of tool call `index`'s argument text, as the model writes it."""
+
+    index: int
+    text: str
+
+
+class ToolCallEnd(msgspec.Struct, tag="tool_call_end", tag_field="type", omit_defaults=True):
+    """Tool call `index` is complete: its canonical JSON arguments and the exact captured text."""
+
+    index: int
+    arguments: str = "{}"
+    raw: str = ""
+
+
+Part = Union[TextPart, ThinkingPart, ToolCallStart, ToolCallArgs, ToolCallEnd]
+
+
+def merge_parts(into: list, parts: list) -> None:
+    """Append `parts` to `into`, keeping order and joining a part onto the last one where they are
+    the same kind (text after text, thinking after thinking, argument text of the same call)."""
+    for part in parts:
+        last = into[-1] if into else None
+        if type(part) is type(last) and type(part) in (TextPart, ThinkingPart):
+            into[-1] = type(part)(last.text + part.text)
+        elif type(part) is ToolCallArgs and type(last) is ToolCallArgs and last.index == part.index:
+            into[-1] = ToolCallArgs(part.index, last.text + part.text)
+        else:
+            into.append(part)
+
+
+class Accepted(msgspec.Struct, omit_defaults=True):
+    """The prompt is tokenised and the request holds a sequence: sent before any output."""
 
     id: str
-    text: str = ""
+    prompt_tokens: int
+    cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
+    n_ctx: int = 0  # the sequence's context (prompt + output)
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    """New output of one request since the last tick: ordered typed parts."""
+
+    id: str
+    parts: list[Part] = []
     tokens: list[int] = []
-    n_tokens: int = 0  # tokens generated this tick (text may lag behind tokens)
+    n_tokens: int = 0  # tokens generated this tick (parts may lag behind tokens)
+
+    @property
+    def text(self) -> str:
+        """The visible text of this delta (its TextParts joined)."""
+        return "".join(p.text for p in self.parts if type(p) is TextPart)
 
 
 class Usage(msgspec.Struct):
@@ -219,32 +361,80 @@ class Timings(msgspec.Struct):
 
 
 class Done(msgspec.Struct, omit_defaults=True):
+    """A request's end. `finish_reason` is a FinishReason once decoded: an unknown value fails the request."""
+
     id: str
-    finish_reason: FinishReason
+    finish_reason: str
     stop_sequence: str | None = None
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: Timings = msgspec.field(default_factory=Timings)
     error: ErrorInfo | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.finish_reason, FinishReason):
+            try:
+                self.finish_reason = FinishReason(self.finish_reason)
+            except ValueError:
+                unknown = self.finish_reason
+                self.finish_reason = FinishReason.ERROR
+                if self.error is None:
+                    self.error = ErrorInfo(
+                        ErrorCode.INTERNAL, f"the worker ended the request with finish reason {unknown!r}, unknown to this "
+                        "gateway; run the same barrel-inference version on both sides",
+                    )  # fmt: skip
+
 
 class Tick(msgspec.Struct, tag="tick", tag_field="kind", omit_defaults=True):
     """Everything that advanced for one gateway during one scheduler tick.
 
-    Deltas come before dones: a request's last delta and its done can share a tick.
+    Accepted come first, then deltas, then dones: a request's acceptance, first output and end can share a tick.
     """
 
+    accepted: list[Accepted] = []
     deltas: list[Delta] = []
     done: list[Done] = []
 
 
-class CallResult(msgspec.Struct, tag="call_result", tag_field="kind", omit_defaults=True):
+# ---- helper replies ---------------------------------------------------------------------
+
+
+class Reply(msgspec.Struct, tag_field="kind", omit_defaults=True, kw_only=True):
+    """What every helper reply has: the call's id and, when it failed, a typed error."""
+
     id: str
-    tokens: list[int] | None = None
-    text: str | None = None
-    count: int | None = None
-    stats: dict | None = None
     error: ErrorInfo | None = None
-    embeddings: list[list[float]] | None = None
+
+
+class TokenizeResult(Reply, tag="tokenize_result", kw_only=True):
+    tokens: list[int] = []
+
+
+class DetokenizeResult(Reply, tag="detokenize_result", kw_only=True):
+    text: str = ""
+
+
+class RenderResult(Reply, tag="render_result", kw_only=True):
+    text: str = ""
+
+
+class CountResult(Reply, tag="count_result", kw_only=True):
+    count: int = 0
+
+
+class StatsResult(Reply, tag="stats_result", kw_only=True):
+    stats: dict = {}
+
+
+class EmbedResult(Reply, tag="embed_result", kw_only=True):
+    embeddings: list[list[float]] = []
+    count: int = 0  # tokens read
+
+
+HelperReply = Union[TokenizeResult, DetokenizeResult, RenderResult, CountResult, StatsResult, EmbedResult]
+REPLY_OF: dict[type, type] = {
+    Tokenize: TokenizeResult, Detokenize: DetokenizeResult, Render: RenderResult, CountTokens: CountResult,
+    GetStats: StatsResult, Embed: EmbedResult,
+}  # fmt: skip
 
 
 class Pong(msgspec.Struct, tag="pong", tag_field="kind"):
@@ -253,4 +443,4 @@ class Pong(msgspec.Struct, tag="pong", tag_field="kind"):
     waiting: int = 0
 
 
-FromWorker = Union[Hello, Tick, CallResult, Pong]
+FromWorker = Union[Hello, Tick, TokenizeResult, DetokenizeResult, RenderResult, CountResult, StatsResult, EmbedResult, Pong]

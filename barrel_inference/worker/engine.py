@@ -241,8 +241,9 @@ class LlamaEngine:
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
 
     # ---- embeddings ---------------------------------------------------------------------
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised embeddings, from a second context made on first use."""
+    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """Mean-pooled, L2-normalised embeddings of texts or token-id lists, from a second context made
+        on first use (the worker calls this from its embedding thread, never the scheduler's)."""
         if self._embed_ctx is None:
             cp = L.llama_context_default_params()
             cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
@@ -259,7 +260,7 @@ class LlamaEngine:
         n_embd = L.llama_model_n_embd(self.model)
         out, total = [], 0
         for i, text in enumerate(texts):
-            toks = self.tokenize(text, add_special=True, parse_special=False)
+            toks = list(text) if isinstance(text, list) else self.tokenize(text, add_special=True, parse_special=False)
             if not toks:
                 raise EngineError("invalid_request", f"input[{i}] is empty")
             if len(toks) > self.n_ctx:

@@ -73,15 +73,19 @@ class FakeEngine:
     def grammar_from_schema(self, schema: dict) -> str:
         return "root ::= \"{}\""
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        vecs = []
+    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        vecs, total = [], 0
         for t in texts:
+            toks = list(t) if isinstance(t, list) else self.tokenize(t)
             counts = [0.0] * 8
-            for b in t.encode():
+            for b in toks:
                 counts[b % 8] += 1.0
             norm = sum(c * c for c in counts) ** 0.5 or 1.0
             vecs.append([c / norm for c in counts])
-        return vecs, sum(len(t.encode()) for t in texts)
+            total += len(toks)
+        if self.tick_seconds:
+            time.sleep(self.tick_seconds * total / max(1, self.n_batch))  # like a prefill of these tokens
+        return vecs, total
 
     def seq_clear(self, seq: int) -> None:
         pass

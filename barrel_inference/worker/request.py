@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ..protocol import Delta, Done, ErrorInfo, FinishReason, Timings, Usage
+from ..protocol import Accepted, Delta, Done, ErrorInfo, FinishReason, TextPart, Timings, Usage, merge_parts
 from .detok import IncrementalDetokenizer
 from .stops import StopMatcher
 
@@ -21,7 +21,7 @@ class Request:
     __slots__ = (
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
-        "detok", "stops", "pending_text", "pending_tokens", "pending_n", "history",
+        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history",
         "t_submit", "t_start", "t_first", "t_end",
     )  # fmt: skip
 
@@ -46,7 +46,7 @@ class Request:
         self.row = -1  # batch row whose logits belong to this request, this tick
         self.detok = IncrementalDetokenizer(piece)
         self.stops = StopMatcher(stop)
-        self.pending_text: list[str] = []
+        self.pending_parts: list = []  # typed output parts since the last delta, in order
         self.pending_tokens: list[int] = []
         self.pending_n = 0
         self.history: list[int] = []  # generated tokens that are in the KV cache
@@ -56,11 +56,22 @@ class Request:
         self.t_end = 0.0
 
     # ---- output -------------------------------------------------------------------------
+    def emit(self, *parts) -> None:
+        """Append output parts (TextPart, ThinkingPart, tool-call parts) for the next delta, in order."""
+        merge_parts(self.pending_parts, list(parts))
+
+    def emit_text(self, text: str) -> None:
+        if text:
+            merge_parts(self.pending_parts, [TextPart(text)])
+
+    def accepted(self, n_ctx: int) -> Accepted:
+        return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx)
+
     def take_delta(self) -> Delta | None:
-        if not self.pending_text and not self.pending_n:
+        if not self.pending_parts and not self.pending_n:
             return None
-        d = Delta(self.id, "".join(self.pending_text), self.pending_tokens if self.want_tokens else [], self.pending_n)
-        self.pending_text = []
+        d = Delta(self.id, self.pending_parts, self.pending_tokens if self.want_tokens else [], self.pending_n)
+        self.pending_parts = []
         self.pending_tokens = []
         self.pending_n = 0
         return d

@@ -142,6 +142,7 @@ class Scheduler:
             req.n_cached = req.n_past
             req.phase = Phase.PREFILL
             req.t_start = time.perf_counter()
+            out.setdefault(req.peer, Tick()).accepted.append(req.accepted(self.n_ctx))
 
     def _reuse_prefix(self, req: Request, cached: list[int]) -> int:
         """Keep the longest common prefix of the seq's cached tokens and the prompt (at least one
@@ -221,8 +222,7 @@ class Scheduler:
         if r.want_tokens:
             r.pending_tokens.append(tok)
         text, stop = r.stops.push(r.detok.feed(tok))
-        if text:
-            r.pending_text.append(text)
+        r.emit_text(text)
         if stop is not None:
             self._finish(r, out, FinishReason.STOP, stop=stop)
         elif r.max_tokens is not None and r.generated >= r.max_tokens:
@@ -236,9 +236,8 @@ class Scheduler:
     def _finish(self, r: Request, out, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None):
         if reason in (FinishReason.STOP, FinishReason.LENGTH) and stop is None:
             tail = r.stops.flush() + r.detok.flush()
-            if tail:
-                r.pending_text.append(tail)
-        tick = out.setdefault(r.peer, Tick([], []))
+            r.emit_text(tail)
+        tick = out.setdefault(r.peer, Tick())
         if reason is not FinishReason.ABORT and reason is not FinishReason.ERROR:
             d = r.take_delta()
             if d is not None:
@@ -285,7 +284,7 @@ class Scheduler:
         for r in self.active:
             d = r.take_delta()
             if d is not None:
-                out.setdefault(r.peer, Tick([], [])).deltas.append(d)
+                out.setdefault(r.peer, Tick()).deltas.append(d)
         for peer, tick in out.items():
             self.emit(peer, tick)
         self.profile.add_send(time.perf_counter() - t0)

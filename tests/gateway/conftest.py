@@ -97,12 +97,12 @@ class Gateway:
 async def make_gateway(tmp_path):
     made: list[Gateway] = []
 
-    async def make(endpoint: str | None, *, registry=None, heartbeat=(0.5, 5.0), **settings_kw) -> Gateway:
+    async def make(endpoint: str | None, *, registry=None, heartbeat=(0.5, 5.0), families=None, **settings_kw) -> Gateway:
         settings = make_settings(tmp_path, endpoint, **settings_kw)
         logs = LogCapture(settings)
         registry = registry or StubRegistry(StubRecord(MODEL), aliases={"gpt-4o": MODEL})
         manager = ModelManager(settings, registry, logger=logs.logger, heartbeat=heartbeat)
-        gw = Gateway(create_app(settings, registry=registry, models=manager, logger=logs.logger), settings, manager, logs)
+        gw = Gateway(create_app(settings, registry=registry, models=manager, logger=logs.logger, families=families), settings, manager, logs)
         made.append(gw)
         return gw
 

@@ -6,6 +6,10 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   TOOLONG  -> Done(error=CONTEXT_LENGTH) before any output
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
+  THINK:x  -> a ThinkingPart "x" instead of text
+  GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
+              type), then the request's remaining words as if nothing happened
+Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ import os
 import signal
 import sys
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from barrel_inference.protocol import (
-    PROTOCOL_VERSION, Abort, Call, CallResult, Connect, Delta, Done, ErrorCode, ErrorInfo, FinishReason, Hello,
-    Ping, Pong, Submit, Tick, Timings, Usage, WorkerCodec,
+    PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
+    FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
+    Usage, WorkerCodec,
 )  # fmt: skip
+from barrel_inference.protocol import HelperCall
 
 
 def script_of(submit: Submit) -> list[str]:
@@ -47,7 +54,7 @@ class FakeWorker:
         self.connects = 0
         self.submits: list[Submit] = []
         self.aborts: list[str] = []
-        self.calls: list[Call] = []
+        self.calls: list = []
         self.pings = 0
         self.answer_pings = True
         self._running: dict[str, asyncio.Task] = {}
@@ -111,7 +118,7 @@ class FakeWorker:
                     if task is not None:
                         task.cancel()
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
-            elif isinstance(msg, Call):
+            elif isinstance(msg, HelperCall.__args__):
                 self.calls.append(msg)
                 await self._send(peer, self.call(msg))
             elif isinstance(msg, Ping):
@@ -123,13 +130,21 @@ class FakeWorker:
         return Hello(protocol_version=PROTOCOL_VERSION, model=self.model, architecture="fake", n_ctx=512,
                      n_ctx_train=512, n_seq_max=self.n_seq_max, n_vocab=256, chat_template="chatml", pid=os.getpid())  # fmt: skip
 
-    def call(self, msg: Call) -> CallResult:
-        if msg.op == "stats":
-            return CallResult(msg.id, stats={"submits": len(self.submits), "running": len(self._running),
-                                             "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
-        if msg.op == "tokenize":
-            return CallResult(msg.id, tokens=list(range(len((msg.text or "").split()))))
-        return CallResult(msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unknown call op {msg.op!r}", param="op"))
+    def call(self, msg):
+        if isinstance(msg, GetStats):
+            return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
+                                                 "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
+        if isinstance(msg, Tokenize):
+            return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
+        if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
+            vecs = []
+            for item in msg.inputs:
+                n = len(item) if isinstance(item, list) else len(item.split())
+                v = [float(n), float(sum(c in "aeiou" for c in item) if isinstance(item, str) else 0), 1.0, 0.0]
+                norm = sum(x * x for x in v) ** 0.5
+                vecs.append([x / norm for x in v])
+            return EmbedResult(id=msg.id, embeddings=vecs, count=sum(len(i) if isinstance(i, list) else len(i.split()) for i in msg.inputs))
+        return REPLY_OF[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, f"unsupported call {type(msg).__name__}"))
 
     async def _generate(self, peer: bytes, s: Submit) -> None:
         words = script_of(s)
@@ -140,10 +155,16 @@ class FakeWorker:
                 err = ErrorInfo(ErrorCode.CONTEXT_LENGTH, f"the prompt ({prompt_tokens} tokens) is longer than the context (4)", param="messages")  # fmt: skip
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
+            await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
             n = 0
             for word in words:
                 if word == "STALL":
                     await asyncio.Event().wait()
+                if word == "GARBLE":
+                    bad = {"kind": "tick", "deltas": [{"id": s.id, "parts": [{"type": "hologram", "text": "?"}]}]}
+                    if self._sock is not None:
+                        await self._sock.send_multipart([peer, msgspec.msgpack.encode(bad)])
+                    continue
                 if word == "CRASH":
                     await asyncio.sleep(0.05)  # let the output so far leave the socket
                     if self.on_crash is not None:
@@ -156,11 +177,17 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                await self._send(peer, Tick(deltas=[Delta(id=s.id, text=word if n == 1 else " " + word, n_tokens=1)]))
+                await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=[_part(word, n)], n_tokens=1)]))
             usage.completion_tokens = n
             await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.STOP, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
+
+
+def _part(word: str, n: int):
+    if word.startswith("THINK:"):
+        return ThinkingPart(word[len("THINK:"):])
+    return TextPart(word if n == 1 else " " + word)
 
 
 async def _main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ import pytest
 from barrel_inference.gateway.errors import GatewayError
 from barrel_inference.gateway.link import WorkerLink
 from barrel_inference.protocol import (
-    PROTOCOL_VERSION, Call, ChatMessage, Delta, Done, ErrorCode, FinishReason, Submit,
+    PROTOCOL_VERSION, ChatMessage, GetStats, Tokenize, Delta, Done, ErrorCode, FinishReason, Submit,
 )  # fmt: skip
 
 from .fake_worker import FakeWorker
@@ -134,9 +134,9 @@ async def test_error_done_carries_typed_error(link):
 
 
 async def test_call_returns_result(link):
-    result = await link.call(Call(id="", op="stats"))
+    result = await link.call(GetStats(id=""))
     assert result.stats["profile"]["decode_ms"] == 1.5
-    tok = await link.call(Call(id="", op="tokenize", text="a b c"))
+    tok = await link.call(Tokenize(id="", text="a b c"))
     assert tok.tokens == [0, 1, 2]
 
 
@@ -198,3 +198,16 @@ async def test_close_fails_pending_calls_and_streams(fake_worker):
     _, done = await drain(stream)
     assert done.error.code == ErrorCode.WORKER_UNAVAILABLE
     assert done.error.message == "shutting down"
+
+
+async def test_an_undecodable_message_fails_the_requests_it_names_and_nothing_else(link, fake_worker):
+    """A message this side cannot decode still names its requests: they fail with a typed error
+    (and are aborted on the worker) instead of waiting forever; other requests are untouched."""
+    other = link.submit(chat("ok1", "x y z"))
+    deltas, done = await asyncio.wait_for(drain(link.submit(chat("bad1", "a GARBLE b c"))), 5)
+    assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.INTERNAL
+    assert "cannot decode" in done.error.message
+    _, other_done = await asyncio.wait_for(drain(other), 5)
+    assert other_done.finish_reason == FinishReason.STOP
+    assert "bad1" in fake_worker.aborts
+    assert link.alive

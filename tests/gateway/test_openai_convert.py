@@ -25,7 +25,8 @@ STATUS = [
     (ErrorCode.INVALID_REQUEST, 400), (ErrorCode.CONTEXT_LENGTH, 400), (ErrorCode.GRAMMAR, 400),
     (ErrorCode.TEMPLATE, 400), (ErrorCode.UNSUPPORTED, 400), (ErrorCode.MODEL_NOT_FOUND, 404),
     (ErrorCode.OVERLOADED, 503), (ErrorCode.WORKER_UNAVAILABLE, 503), (ErrorCode.DECODE_FAILED, 500),
-    (ErrorCode.INTERNAL, 500),
+    (ErrorCode.INTERNAL, 500), (ErrorCode.NOT_FOUND, 404), (ErrorCode.METHOD_NOT_ALLOWED, 405),
+    (ErrorCode.REQUEST_TOO_LARGE, 413), (ErrorCode.QUEUE_TIMEOUT, 504),
 ]  # fmt: skip
 
 

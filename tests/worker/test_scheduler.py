@@ -259,3 +259,22 @@ def test_penalties_reduce_repetition(tiny_engine):
     toks = {rid: [t for _, _, tk in c.ticks for d in tk.deltas if d.id == rid for t in d.tokens] for rid in ("plain", "rep", "pres")}
     assert len(set(toks["rep"])) > len(set(toks["plain"]))
     assert len(set(toks["pres"])) > len(set(toks["plain"]))
+
+
+def test_accepted_comes_at_admission_before_any_output_with_cached_tokens():
+    """Accepted is sent in the tick that gives the request a sequence, ahead of its first token:
+    with a prompt longer than one prefill chunk it arrives while the prompt is still being read."""
+    eng = RecordingEngine()
+    with Running(eng, prefill_chunk=4) as (s, c):
+        s.submit(make_request(eng, "a", "x" * 20, max_tokens=3, session="S"))
+        c.wait(["a"])
+        s.submit(make_request(eng, "b", "x" * 20 + "yy", max_tokens=2, session="S"))
+        c.wait(["b"])
+    ticks = [t for _, _, t in c.ticks]
+    first_acc = next(i for i, t in enumerate(ticks) if any(a.id == "a" for a in t.accepted))
+    first_out = next(i for i, t in enumerate(ticks) if any(d.id == "a" and d.parts for d in t.deltas))
+    assert first_acc < first_out  # 20 prompt tokens at 4 per tick: accepted ticks before the first token
+    [acc_a] = [a for t in ticks for a in t.accepted if a.id == "a"]
+    [acc_b] = [a for t in ticks for a in t.accepted if a.id == "b"]
+    assert (acc_a.prompt_tokens, acc_a.cached_tokens, acc_a.n_ctx) == (20, 0, eng.n_ctx)
+    assert acc_b.prompt_tokens == 22 and acc_b.cached_tokens == c.done()["b"].usage.cached_tokens > 0

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from barrel_inference.protocol import (
-    PROTOCOL_VERSION, Abort, Call, ChatMessage, Connect, ErrorCode, FinishReason, GatewayCodec, Hello, Ping, Pong,
+    PROTOCOL_VERSION, Abort, ChatMessage, Connect, CountTokens, Embed, GetStats, Render, Tokenize, ErrorCode, FinishReason, GatewayCodec, Hello, Ping, Pong,
     Sampling, Submit, Tick,
 )  # fmt: skip
 
@@ -80,18 +80,18 @@ def test_hello_describes_the_model(worker):
 def test_chat_generation_and_calls(worker):
     _, client = worker
     hello(client)
-    client.send(Call("c1", "render", messages=[ChatMessage("user", "hi")]))
+    client.send(Render("c1", [ChatMessage("user", "hi")]))
     r = client.recv()
     assert r.text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    client.send(Call("c2", "tokenize", text="<|im_start|>", add_special=False))
+    client.send(Tokenize("c2", "<|im_start|>", add_special=False))
     assert len(client.recv().tokens) == 1  # a special token is one id
-    client.send(Call("c3", "count_tokens", messages=[ChatMessage("user", "hi")]))
+    client.send(CountTokens("c3", messages=[ChatMessage("user", "hi")]))
     assert client.recv().count > 5
     client.send(Submit("g1", messages=[ChatMessage("user", "hi")], sampling=Sampling(temperature=0), max_tokens=8, ignore_eos=True))
     texts, dones = client.until_done(["g1"])
     d = dones["g1"]
     assert d.finish_reason is FinishReason.LENGTH and d.usage.completion_tokens == 8 and d.usage.prompt_tokens > 5
-    client.send(Call("c4", "stats"))
+    client.send(GetStats("c4"))
     st = client.recv().stats
     assert st["requests_total"] == 1 and st["profile"]["ticks"] >= 8
     client.send(Ping(9))
@@ -106,7 +106,7 @@ def test_over_long_prompt_is_a_typed_error_before_any_decode(worker):
     err = dones["long"].error
     assert dones["long"].finish_reason is FinishReason.ERROR and err.code is ErrorCode.CONTEXT_LENGTH
     assert "256" in err.message
-    client.send(Call("s", "stats"))
+    client.send(GetStats("s"))
     assert client.recv().stats["profile"]["ticks"] == 0  # nothing was decoded
 
 
@@ -150,9 +150,41 @@ def test_json_schema_forces_valid_json(worker):
 def test_embed_call(worker):
     _, client = worker
     hello(client)
-    client.send(Call("e", "embed", texts=["abc", "abc", "xyz"]))
+    client.send(Embed("e", ["abc", "abc", "xyz"]))
     r = client.recv()
     assert r.error is None and len(r.embeddings) == 3 and len(r.embeddings[0]) == 64
     assert r.embeddings[0] == r.embeddings[1] != r.embeddings[2]
-    client.send(Call("e2", "embed", texts=["word " * 400]))
-    assert client.recv().error.code is ErrorCode.CONTEXT_LENGTH
+    client.send(Embed("e2", ["ok", "word " * 400]))
+    err = client.recv().error
+    assert err.code is ErrorCode.CONTEXT_LENGTH and "input[1]" in err.message
+    client.send(Tokenize("t", "abc", add_special=True, parse_special=False))
+    tokens = client.recv().tokens
+    client.send(Embed("e3", [tokens, "abc"]))  # token ids embed like the text they spell
+    r = client.recv()
+    assert r.error is None and r.embeddings[0] == r.embeddings[1]
+    client.send(Embed("e4", [[10**6]]))
+    err = client.recv().error
+    assert err.code is ErrorCode.INVALID_REQUEST and err.param == "input[0]"
+
+
+def test_generation_streams_while_embedding_runs_on_its_own_thread(worker):
+    """The scheduler thread hands Embed to the embedding thread: ticks of a running stream go on."""
+    _, client = worker
+    hello(client)
+    client.send(Submit("g", prompt="hello", max_tokens=40, ignore_eos=True, sampling=Sampling(temperature=0)))
+    client.send(Embed("e", ["word " * 48] * 40))
+    seen, order = set(), []
+    deadline = time.monotonic() + 60
+    while not {"g", "e"} <= seen and time.monotonic() < deadline:
+        msg = client.recv()
+        if isinstance(msg, Tick):
+            order += ["tick-g" for d in msg.deltas if d.id == "g"]
+            seen.update(d.id for d in msg.done)
+        elif getattr(msg, "id", None) == "e":
+            assert msg.error is None and len(msg.embeddings) == 40
+            order.append("embed")
+            seen.add("e")
+    assert {"g", "e"} <= seen
+    # tokens kept streaming while the embeddings were computed (on the scheduler thread at most one
+    # tick could have slipped in before the embedding call held it)
+    assert order[: order.index("embed")].count("tick-g") >= 3, order

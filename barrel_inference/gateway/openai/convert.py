@@ -6,35 +6,24 @@ from typing import Any
 
 from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
 from ..errors import invalid, unsupported
+from ..family import STATUS
 from .wire import ChatCompletionRequest, CompletionRequest, Message
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _ROLES = {"developer": "system", "function": "tool"}
 _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
 
-_STATUS = {
-    ErrorCode.INVALID_REQUEST: 400,
-    ErrorCode.CONTEXT_LENGTH: 400,
-    ErrorCode.GRAMMAR: 400,
-    ErrorCode.TEMPLATE: 400,
-    ErrorCode.UNSUPPORTED: 400,
-    ErrorCode.MODEL_NOT_FOUND: 404,
-    ErrorCode.OVERLOADED: 503,
-    ErrorCode.WORKER_UNAVAILABLE: 503,
-    ErrorCode.DECODE_FAILED: 500,
-    ErrorCode.INTERNAL: 500,
-}
-
 
 # ---- errors ----------------------------------------------------------------------------
 
 
 def error_status(code: ErrorCode) -> int:
-    return _STATUS.get(code, 500)
+    return STATUS.get(code, 500)
 
 
-def error_body(info: ErrorInfo) -> dict:
-    status = error_status(info.code)
+def error_body(info: ErrorInfo, status: int | None = None) -> dict:
+    """OpenAI's envelope: {"error": {message, type, param, code}}."""
+    status = status or error_status(info.code)
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": info.message, "type": kind, "param": info.param, "code": info.code.value}}
 
@@ -182,16 +171,11 @@ def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
 
 
 def finish_reason_of(done: Done) -> str:
-    return "length" if done.finish_reason == FinishReason.LENGTH else "stop"
-
-
-def done_error(done: Done) -> ErrorInfo | None:
-    """The error a Done stands for: its own, or, for an abort the client did not ask for, an unavailable one."""
-    if done.error is not None:
-        return done.error
-    if done.finish_reason == FinishReason.ABORT:
-        return ErrorInfo(ErrorCode.WORKER_UNAVAILABLE, "the request was cancelled by the server (model unloaded)", retryable=True)
-    return None
+    if done.finish_reason == FinishReason.LENGTH:
+        return "length"
+    if done.finish_reason == FinishReason.TOOL_CALLS:
+        return "tool_calls"
+    return "stop"
 
 
 def usage_json(usage: Usage) -> dict:

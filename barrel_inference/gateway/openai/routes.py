@@ -1,131 +1,86 @@
-"""OpenAI routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models[/{id}]."""
+"""OpenAI routes: POST /v1/chat/completions and /v1/completions (adapters on the shared lifecycle),
+POST /v1/embeddings, GET /v1/models[/{id}]."""
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Call, Delta, Submit
+from ...protocol import Embed, Submit
 from ..errors import GatewayError, invalid
-from ..generation import Generation, record_rejected
-from ..http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
-from .convert import (
-    chat_response,
-    chat_to_submit,
-    completion_response,
-    completion_to_submit,
-    done_error,
-    error_body,
-    error_status,
-    model_json,
-)
+from ..family import Family
+from ..lifecycle import Adapter, Context, Result, endpoint, read_body
+from ..http import JSONBody, new_id
+from .convert import chat_response, chat_to_submit, completion_response, completion_to_submit, error_body, model_json
 from .stream import ChatStreamEncoder, CompletionStreamEncoder
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, WireError, decode
 
 API_CHAT = "openai.chat"
 API_COMPLETIONS = "openai.completions"
 
+FAMILY = Family("openai", ("/v1",), render_error=error_body)
+
+
+def decode_or_invalid(body: bytes, wire_type: type) -> Any:
+    try:
+        return decode(body, wire_type)
+    except WireError as exc:
+        raise invalid(str(exc), exc.param) from None
+
+
+class _OpenAIAdapter(Adapter):
+    family = FAMILY
+    wire_type: type = ChatCompletionRequest
+
+    def decode(self, body: bytes) -> Any:
+        return decode_or_invalid(body, self.wire_type)
+
+    @staticmethod
+    def include_usage(req: Any) -> bool:
+        return bool(req.stream_options and req.stream_options.include_usage)
+
+
+class ChatAdapter(_OpenAIAdapter):
+    api = API_CHAT
+    id_prefix = "chatcmpl-"
+    wire_type = ChatCompletionRequest
+
+    def to_submit(self, req: ChatCompletionRequest, rid: str) -> Submit:
+        return chat_to_submit(req, rid)
+
+    def encoder(self, req: ChatCompletionRequest, ctx: Context) -> ChatStreamEncoder:
+        return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
+
+    def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
+        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+
+
+class CompletionAdapter(_OpenAIAdapter):
+    api = API_COMPLETIONS
+    id_prefix = "cmpl-"
+    wire_type = CompletionRequest
+
+    def to_submit(self, req: CompletionRequest, rid: str) -> Submit:
+        return completion_to_submit(req, rid)
+
+    def encoder(self, req: CompletionRequest, ctx: Context) -> CompletionStreamEncoder:
+        return CompletionStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
+
+    def response(self, req: CompletionRequest, ctx: Context, result: Result) -> dict:
+        return completion_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    status = error_status(exc.code)
-    headers = {"retry-after": "1"} if status == 503 else {}
-    if request_id:
-        headers["x-request-id"] = request_id
-    return JSONBody(error_body(exc.info), status_code=status, headers=headers)
-
-
-async def _serve(request: Request, api: str, id_prefix: str, wire_type, to_submit, encoder, to_response) -> Response:
-    """Decode one generation request of either endpoint, then run it (plain or streamed)."""
-    rid = new_id(id_prefix)
-    try:
-        req = decode(await request.body(), wire_type)
-        submit = to_submit(req, rid)
-    except WireError as exc:
-        return _rejected(request, api, rid, invalid(str(exc), exc.param))
-    except GatewayError as exc:
-        return _rejected(request, api, rid, exc)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(
-        request, api, req.model, submit, req.stream,
-        lambda created: encoder(rid, req.model, created, include_usage), to_response,
-    )  # fmt: skip
-
-
-async def chat_completions(request: Request) -> Response:
-    return await _serve(request, API_CHAT, "chatcmpl-", ChatCompletionRequest, chat_to_submit, ChatStreamEncoder, chat_response)
-
-
-async def completions(request: Request) -> Response:
-    return await _serve(
-        request, API_COMPLETIONS, "cmpl-", CompletionRequest, completion_to_submit, CompletionStreamEncoder, completion_response
-    )
-
-
-def _rejected(request: Request, api: str, rid: str, exc: GatewayError) -> Response:
-    request_id = client_request_id(request) or rid
-    record_rejected(request.app.state, api=api, request_id=request_id, error=exc)
-    return error_response(exc, request_id)
-
-
-async def _generate(
-    request: Request,
-    api: str,
-    model: str,
-    submit: Submit,
-    stream: bool,
-    make_encoder: Callable[[int], Any],
-    make_response: Callable[..., dict],
-) -> Response:
-    state = request.app.state
-    created = int(time.time())
-    request_id = client_request_id(request) or submit.id
-    headers = {"x-request-id": request_id}
-    opening = Generation.open(state, api=api, model=model, submit=submit, stream_response=stream, request_id=request_id)
-    try:
-        gen = await until_disconnect(request, opening)
-    except GatewayError as exc:
-        return error_response(exc, request_id)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    if stream:
-        return EventStreamResponse(_sse_body(gen, make_encoder(created)), on_close=gen.close, headers=headers)
-    try:
-        text, _tokens, done = await until_disconnect(request, gen.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except GatewayError as exc:
-        gen.close(exc)
-        return error_response(exc, request_id)
-    finally:
-        gen.close()
-    if (info := done_error(done)) is not None:
-        return error_response(GatewayError.from_info(info), request_id)
-    return JSONBody(make_response(submit.id, model, created, text, done), headers=headers)
-
-
-async def _sse_body(gen: Generation, enc: Any):
-    try:
-        yield enc.start()
-        async for event in gen.events():
-            if isinstance(event, Delta):
-                if chunk := enc.text(event.text):
-                    yield chunk
-            elif (info := done_error(event)) is not None:
-                yield enc.error(info)
-            else:
-                yield enc.finish(event)
-    finally:
-        gen.close()
+    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
     rid = new_id("emb-")
     try:
-        req = decode(await request.body(), EmbeddingRequest)
+        req = decode_or_invalid(await read_body(request), EmbeddingRequest)
         texts = [req.input] if isinstance(req.input, str) else list(req.input)
         if not texts:
             raise invalid("input must not be empty", "input")
@@ -134,9 +89,7 @@ async def embeddings(request: Request) -> Response:
         if req.dimensions is not None:
             raise invalid("dimensions is not supported: the model's embedding size is fixed", "dimensions")
         handle = await request.app.state.models.get(req.model)
-        result = await handle.call(Call(id=rid, op="embed", texts=texts))
-    except WireError as exc:
-        return error_response(invalid(str(exc), exc.param), rid)
+        result = await handle.call(Embed(id=rid, inputs=texts))
     except GatewayError as exc:
         return error_response(exc, rid)
     if result.error is not None:
@@ -172,9 +125,12 @@ def _created(record: Any) -> int:
 
 def routes() -> list[Route]:
     return [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", endpoint(ChatAdapter()), methods=["POST"]),
+        Route("/v1/completions", endpoint(CompletionAdapter()), methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
     ]
+
+
+FAMILY.routes = routes

@@ -4,6 +4,8 @@
 delta carries the assistant role; the finish reason rides on the last choice chunk; with
 `stream_options.include_usage` every chunk has `"usage": null` and a trailing chunk with empty
 `choices` carries the usage. An error after the stream started is sent as `data: {"error": ...}`.
+The lifecycle calls start(), event(delta) per merged delta (its typed parts in order), finish(done)
+or error(info).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ...protocol import Done, ErrorInfo
+from ...protocol import Delta, Done, ErrorInfo, TextPart, ThinkingPart
 from .convert import error_body, finish_reason_of, usage_json
 
 DONE_LINE = b"data: [DONE]\n\n"
@@ -49,6 +51,18 @@ class _Encoder:
             return b""
         return sse(self._chunk([self._choice(text, None)]))
 
+    def thinking(self, text: str) -> bytes:
+        return b""
+
+    def event(self, delta: Delta) -> bytes:
+        out = b""
+        for part in delta.parts:
+            if type(part) is TextPart:
+                out += self.text(part.text)
+            elif type(part) is ThinkingPart:
+                out += self.thinking(part.text)
+        return out
+
     def finish(self, done: Done) -> bytes:
         out = sse(self._chunk([self._choice(None, finish_reason_of(done))]))
         if self.include_usage:
@@ -70,6 +84,13 @@ class ChatStreamEncoder(_Encoder):
     def _choice(self, text: str | None, finish_reason: str | None) -> dict:
         delta = {"content": text} if text is not None else {}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def thinking(self, text: str) -> bytes:
+        """Reasoning text as `delta.reasoning_content` (the common extension clients read)."""
+        if not text:
+            return b""
+        choice = {"index": 0, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
+        return sse(self._chunk([choice]))
 
 
 class CompletionStreamEncoder(_Encoder):
