@@ -32,7 +32,7 @@ def client(daemon, **kw) -> anthropic.AsyncAnthropic:
 
 async def test_create_stream_and_count_tokens_agree(daemon):
     c = client(daemon)
-    kw = dict(model="claude-sonnet-4-5", max_tokens=8, temperature=0.0, system=[{"type": "text", "text": "Be brief.",
+    kw = dict(model="claude-sonnet-4-5", max_tokens=8, extra_body={"temperature": 0.0}, system=[{"type": "text", "text": "Be brief.",
               "cache_control": {"type": "ephemeral"}}], messages=[{"role": "user", "content": "hello"}])  # fmt: skip
     counted = await c.messages.count_tokens(model=kw["model"], system=kw["system"], messages=kw["messages"])
     msg = await c.messages.create(**kw)
@@ -90,10 +90,10 @@ async def test_gemma_real_text_through_a_claude_alias(tmp_path_factory):
     d.start(timeout=180)
     try:
         c = client(d)
-        msg = await c.messages.create(model="claude-haiku-4-5", max_tokens=24, temperature=0.0,
+        msg = await c.messages.create(model="claude-haiku-4-5", max_tokens=24, extra_body={"temperature": 0.0},
                                       messages=[{"role": "user", "content": "What is the capital of France?"}])  # fmt: skip
         assert msg.model == "claude-haiku-4-5" and msg.content[0].text.strip()  # real text from the real model
-        async with c.messages.stream(model="claude-haiku-4-5", max_tokens=24, temperature=0.0,
+        async with c.messages.stream(model="claude-haiku-4-5", max_tokens=24, extra_body={"temperature": 0.0},
                                      messages=[{"role": "user", "content": "What is the capital of France?"}]) as s:  # fmt: skip
             streamed = "".join([t async for t in s.text_stream])
         assert streamed == msg.content[0].text

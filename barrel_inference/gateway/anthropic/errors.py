@@ -1,60 +1,35 @@
 """The Anthropic error envelope: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
 
-Statuses and types as the real API documents them: 400 invalid_request_error, 401
-authentication_error, 403 permission_error, 404 not_found_error, 413 request_too_large, 500
-api_error, 504 timeout_error, 529 overloaded_error (with retry-after). Bad input is never a 500.
+Statuses come from the gateway's one table (family.STATUS) with Anthropic's overrides: overload, and a
+worker that is down, are 529 overloaded_error (the status the SDKs and Claude Code retry). The error
+type follows the status as the real API documents it: 400 invalid_request_error, 401
+authentication_error, 403 permission_error, 404 not_found_error, 413 request_too_large, 429
+rate_limit_error, 500 api_error, 504 timeout_error, 529 overloaded_error.
 """
 
 from __future__ import annotations
 
-from ...protocol import ErrorInfo
+from ...protocol import ErrorCode, ErrorInfo
+from ..family import STATUS
 
-# protocol ErrorCode value (and the gateway's own codes) -> (status, Anthropic error type)
-_BY_CODE: dict[str, tuple[int, str]] = {
-    "invalid_request": (400, "invalid_request_error"),
-    "context_length_exceeded": (400, "invalid_request_error"),
-    "grammar_error": (400, "invalid_request_error"),
-    "template_error": (400, "invalid_request_error"),
-    "unsupported": (400, "invalid_request_error"),
-    "authentication": (401, "authentication_error"),
-    "permission": (403, "permission_error"),
-    "forbidden": (403, "permission_error"),
-    "model_not_found": (404, "not_found_error"),
-    "not_found": (404, "not_found_error"),
-    "request_too_large": (413, "request_too_large"),
-    "overloaded": (529, "overloaded_error"),
-    "worker_unavailable": (529, "overloaded_error"),
-    "queue_timeout": (504, "timeout_error"),
-    "decode_failed": (500, "api_error"),
-    "internal": (500, "api_error"),
-}
+STATUS_OVERRIDES = {ErrorCode.OVERLOADED: 529, ErrorCode.WORKER_UNAVAILABLE: 529}
+ALIAS_HINT = (
+    "; to serve a client's model id with a local model, map it in the config's [aliases] table "
+    '(e.g. "claude-sonnet-4-5" = "gemma3:270m") and reload the daemon (SIGHUP), or call the local model by its registry name'
+)
 _BY_STATUS = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
     503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error",
 }  # fmt: skip
-RETRY_AFTER_S = 1
-
-
-def _code(info: ErrorInfo) -> str:
-    return getattr(info.code, "value", info.code)
 
 
 def error_status(info: ErrorInfo) -> int:
-    return _BY_CODE.get(_code(info), (500, "api_error"))[0]
-
-
-def error_type(info: ErrorInfo) -> str:
-    return _BY_CODE.get(_code(info), (500, "api_error"))[1]
+    return STATUS_OVERRIDES.get(info.code, STATUS.get(info.code, 500))
 
 
 def type_of_status(status: int) -> str:
     return _BY_STATUS.get(status, "invalid_request_error" if status < 500 else "api_error")
-
-
-def error_body(info: ErrorInfo, request_id: str | None = None) -> dict:
-    """The envelope of a typed error (request_id included when there is one)."""
-    return envelope(error_type(info), info.message, request_id)
 
 
 def envelope(kind: str, message: str, request_id: str | None = None) -> dict:
@@ -64,8 +39,9 @@ def envelope(kind: str, message: str, request_id: str | None = None) -> dict:
     return body
 
 
-def error_headers(status: int, request_id: str | None) -> dict[str, str]:
-    headers = {"retry-after": str(RETRY_AFTER_S)} if status in (503, 529) else {}
-    if request_id is not None:
-        headers["request-id"] = request_id
-    return headers
+def error_body(info: ErrorInfo, status: int | None = None, request_id: str | None = None) -> dict:
+    """The envelope of a typed error; an unknown model's message says how to alias it."""
+    message = info.message
+    if info.code == ErrorCode.MODEL_NOT_FOUND and "[aliases]" not in message:
+        message += ALIAS_HINT
+    return envelope(type_of_status(status or error_status(info)), message, request_id)

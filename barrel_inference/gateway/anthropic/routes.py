@@ -22,7 +22,7 @@ from ..lifecycle import Adapter, Context, read_body, serve
 from .auth import key_allowed, presented_key
 from .blocks import ContentAssembler, message_json, stop_reason_of, usage_json
 from .convert import prompt_of, to_submit
-from .family import FAMILY, authentication_error
+from .definition import FAMILY, authentication_error
 from .models import list_of, model_info, page
 from .stream import MessageStreamEncoder
 from .wire import CountTokensRequest, MessagesRequest, WireError, decode

@@ -9,7 +9,8 @@ import pytest
 
 from barrel_inference.gateway.anthropic.auth import key_allowed, presented_key
 from barrel_inference.gateway.anthropic.convert import prompt_of, to_submit
-from barrel_inference.gateway.anthropic.errors import error_body, error_headers, error_status
+from barrel_inference.gateway.anthropic.definition import FAMILY
+from barrel_inference.gateway.anthropic.errors import error_body, error_status
 from barrel_inference.gateway.anthropic.models import list_of, page
 from barrel_inference.gateway.anthropic.wire import CountTokensRequest, MessagesRequest, WireError, decode
 from barrel_inference.gateway.errors import GatewayError
@@ -163,7 +164,9 @@ STATUSES = [
     (ErrorCode.TEMPLATE, 400, "invalid_request_error"), (ErrorCode.UNSUPPORTED, 400, "invalid_request_error"),
     (ErrorCode.MODEL_NOT_FOUND, 404, "not_found_error"), (ErrorCode.OVERLOADED, 529, "overloaded_error"),
     (ErrorCode.WORKER_UNAVAILABLE, 529, "overloaded_error"), (ErrorCode.DECODE_FAILED, 500, "api_error"),
-    (ErrorCode.INTERNAL, 500, "api_error"),
+    (ErrorCode.INTERNAL, 500, "api_error"), (ErrorCode.REQUEST_TOO_LARGE, 413, "request_too_large"),
+    (ErrorCode.QUEUE_TIMEOUT, 504, "timeout_error"), (ErrorCode.NOT_FOUND, 404, "not_found_error"),
+    (ErrorCode.METHOD_NOT_ALLOWED, 405, "invalid_request_error"),
 ]  # fmt: skip
 
 
@@ -171,10 +174,18 @@ STATUSES = [
 def test_error_envelope(code, status, kind):
     info = ErrorInfo(code, "what went wrong")
     assert error_status(info) == status
-    assert error_body(info, "req_1") == {"type": "error", "error": {"type": kind, "message": "what went wrong"}, "request_id": "req_1"}
-    headers = error_headers(status, "req_1")
-    assert headers["request-id"] == "req_1"
-    assert ("retry-after" in headers) == (status == 529)
+    assert error_body(info, request_id="req_1") == {"type": "error", "error": {"type": kind, "message": "what went wrong"},
+                                                    "request_id": "req_1"} or code == ErrorCode.MODEL_NOT_FOUND  # fmt: skip
+    assert error_body(info)["error"]["type"] == kind
+    response = FAMILY.error_response(info, headers={"x-request-id": "req_1"})
+    assert response.status_code == status and response.headers["request-id"] == "req_1"
+    assert json.loads(response.body) == error_body(info, status, "req_1")
+    assert ("retry-after" in response.headers) == (status in (503, 504, 529))
+
+
+def test_unknown_model_says_how_to_alias():
+    body = error_body(ErrorInfo(ErrorCode.MODEL_NOT_FOUND, "model 'claude-opus-4-7' not found"))
+    assert body["error"]["type"] == "not_found_error" and "[aliases]" in body["error"]["message"]
 
 
 def test_every_error_code_maps_below_600():

@@ -21,7 +21,7 @@ from barrel_inference.gateway.anthropic.routes import _Encoder
 
 from ..conftest import MODEL, StubRecord, StubRegistry
 
-ALIAS = "claude-sonnet-4-5-20250929"
+ALIAS = "claude-sonnet-4-5"
 FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_request.json"
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
@@ -30,7 +30,7 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city",
 @pytest.fixture
 async def make_gw(make_gateway, fake_worker):
     async def make(**settings_kw):
-        aliases = {ALIAS: MODEL, "claude-haiku-4-5": MODEL}
+        aliases = {ALIAS: MODEL, "claude-haiku-4-5": MODEL, "claude-sonnet-4-5-20250929": MODEL}
         registry = StubRegistry(StubRecord(MODEL), aliases=aliases)
         return await make_gateway(fake_worker.endpoint, registry=registry, aliases=aliases, **settings_kw)
 
@@ -67,7 +67,7 @@ def parse_sse(raw: str) -> list[tuple[str, dict]]:
 async def test_create_plain(gw, fake_worker):
     client = sdk(gw)
     msg = await client.messages.create(model=ALIAS, max_tokens=64, messages=user("hello there world"),
-                                       system="be brief", temperature=0.0, top_k=5, stop_sequences=["END"])  # fmt: skip
+                                       system="be brief", stop_sequences=["END"], extra_body={"temperature": 0.0, "top_k": 5})  # fmt: skip
     assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant" and msg.model == ALIAS
     assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "hello there world"
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
@@ -229,8 +229,15 @@ async def test_api_key_allowlist(make_gw):
     assert ok.content[0].text == "bearer works"
 
 
-async def test_too_large_is_413_stating_the_limit(make_gw):
-    gw = await make_gw(max_request_body_bytes=2048)
+async def test_too_large_is_413_stating_the_limit(make_gw, monkeypatch):
+    from barrel_inference.config import Settings
+    from barrel_inference.gateway import lifecycle
+
+    if "max_request_body_bytes" in Settings.__struct_fields__:
+        gw = await make_gw(max_request_body_bytes=2048)
+    else:
+        monkeypatch.setattr(lifecycle, "DEFAULT_MAX_BODY", 2048)
+        gw = await make_gw()
     with pytest.raises(anthropic.APIStatusError) as info:
         await sdk(gw).messages.create(model=ALIAS, max_tokens=8, messages=user("word " * 1000))
     assert info.value.status_code == 413
@@ -289,7 +296,7 @@ async def test_ping_while_a_long_prefill_runs(gw, monkeypatch):
 async def test_models_in_anthropic_shape_only_with_the_version_header(gw):
     page = await sdk(gw).models.list()
     ids = [m.id for m in page.data]
-    assert ids == [MODEL, "claude-haiku-4-5", ALIAS]  # registry names, then aliases
+    assert ids == [MODEL, "claude-haiku-4-5", ALIAS, "claude-sonnet-4-5-20250929"]  # registry names, then aliases
     assert all(m.type == "model" and m.display_name for m in page.data)
     one = await sdk(gw).models.retrieve(ALIAS)
     assert one.id == ALIAS and MODEL in one.display_name

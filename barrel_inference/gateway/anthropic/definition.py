@@ -1,9 +1,8 @@
-"""The Anthropic family as the core sees it: the paths it owns, its envelope, its statuses.
+"""The Anthropic family as the core sees it (the package's `family()` returns FAMILY): the paths it owns, its envelope, its statuses.
 
 It owns /v1/messages (and below): every error there, from a bad field to a wrong method, a too-large
 body or a crash, comes back as `{"type": "error", "error": {"type", "message"}, "request_id"}` with a
-`request-id` header. Overload (and a worker that is down) is 529 overloaded_error with retry-after, as
-the real API answers it and as the SDKs retry it.
+`request-id` header, as the real API sends them.
 """
 
 from __future__ import annotations
@@ -13,35 +12,25 @@ from starlette.responses import Response
 from ...protocol import ErrorCode, ErrorInfo
 from ..family import RETRY_AFTER_S, Family
 from ..http import JSONBody, new_id
-from .errors import envelope, type_of_status
+from .errors import STATUS_OVERRIDES, error_body
 
 PREFIXES = ("/v1/messages",)
-STATUS_OVERRIDES = {ErrorCode.OVERLOADED: 529, ErrorCode.WORKER_UNAVAILABLE: 529}
-ALIAS_HINT = (
-    "; to serve a client's model id with a local model, map it in the config's [aliases] table "
-    '(e.g. "claude-sonnet-4-5" = "gemma3:270m") and reload the daemon, or call the local model by its registry name'
-)
 
 
 def render_error(info: ErrorInfo, status: int) -> dict:
-    message = info.message
-    if info.code == ErrorCode.MODEL_NOT_FOUND:
-        message += ALIAS_HINT
-    return envelope(type_of_status(status), message)
+    return error_body(info, status)
 
 
 class AnthropicFamily(Family):
     def error_response(self, info: ErrorInfo, *, status: int | None = None, headers: dict | None = None) -> Response:
-        """The envelope with the request id in the body and in a `request-id` header (as the real API sends it)."""
+        """The envelope with the request id in the body and in a `request-id` header."""
         headers = dict(headers or {})
         request_id = headers.get("request-id") or headers.get("x-request-id") or new_id("req_")
         headers["request-id"] = request_id
         status = status or self.status(info.code)
         if status in (503, 504, 529):
             headers.setdefault("retry-after", str(RETRY_AFTER_S))
-        body = render_error(info, status)
-        body["request_id"] = request_id
-        return JSONBody(body, status_code=status, headers=headers)
+        return JSONBody(error_body(info, status, request_id), status_code=status, headers=headers)
 
 
 def _routes() -> list:
