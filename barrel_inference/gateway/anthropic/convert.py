@@ -221,6 +221,7 @@ def to_submit(req: MessagesRequest, request_id: str) -> Submit:
         sampling=sampling_of(req),
         stop=stop_of(req),
         max_tokens=req.max_tokens,
+        json_schema=req.output_config.format.schema if req.output_config and req.output_config.format else None,
     )
 
 

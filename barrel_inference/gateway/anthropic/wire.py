@@ -72,6 +72,18 @@ class ThinkingConfig(msgspec.Struct, omit_defaults=True):
     budget_tokens: Annotated[int, Meta(ge=1)] | None = None
 
 
+class OutputFormat(msgspec.Struct, omit_defaults=True):
+    type: Literal["json_schema"]
+    schema: dict
+
+
+class OutputConfig(msgspec.Struct, omit_defaults=True):
+    """Structured output (`format`: a JSON Schema the reply must match) and `effort` (accepted, not used)."""
+
+    format: OutputFormat | None = None
+    effort: str | None = None
+
+
 class Metadata(msgspec.Struct, omit_defaults=True):
     user_id: str | None = None
 
@@ -95,6 +107,7 @@ class MessagesRequest(_Prompt, kw_only=True):
     top_p: Probability | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None
 
 
 class CountTokensRequest(_Prompt, kw_only=True):

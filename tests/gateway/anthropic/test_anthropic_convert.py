@@ -61,6 +61,13 @@ def test_sampling_stop_and_ignored_fields():
     assert s.stop == ["END", "\n\nHuman:"]
 
 
+def test_structured_output_becomes_a_json_schema_constraint():
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    assert submit(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}).json_schema == schema
+    assert submit(output_config={"effort": "high"}).json_schema is None
+    assert submit(cache_control={"type": "ephemeral"}).json_schema is None  # top-level cache_control accepted
+
+
 def test_tool_round_trip_history():
     messages = [
         {"role": "user", "content": "weather in Paris?"},
