@@ -3,7 +3,8 @@
 The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
 while there is work, blocking briefly when idle), and it sends each tick's output itself. One
 thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
-render, stats) are answered between ticks. Embeddings run on a thread of their own (the engine
+detokenize, stats) are answered between ticks; render and count_tokens, whose cost grows with the
+prompt, run on a helper thread (helpers.py) and their replies are forwarded likewise. Embeddings run on a thread of their own (the engine
 gives them their own context): the scheduler thread only hands an Embed over and, later, forwards
 its reply, so embedding never holds up a tick. The main thread only waits for a stop signal.
 """
@@ -24,6 +25,7 @@ from ..protocol import (
     Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
 from .engine_api import Engine, EngineError
+from .helpers import HelperThread
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -50,6 +52,7 @@ class WorkerServer:
         self._replies: zmq.Socket | None = None  # PULL: replies finished off the scheduler thread
         self._replies_endpoint = f"inproc://worker-replies-{id(self)}"
         self.embedder = Embedder(self)
+        self.helpers = HelperThread(self, self._call)  # Render and CountTokens: they grow with the prompt
         self.watch_parent: int | None = None  # exit when this process (the spawning gateway) is gone
 
     # ---- the scheduler thread's I/O -------------------------------------------------------
@@ -105,6 +108,7 @@ class WorkerServer:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
             self.embedder.stop()
+            self.helpers.stop()
             router.close(0)
             replies.close(0)
             self._stop.set()
@@ -160,7 +164,10 @@ class WorkerServer:
             return None
         if isinstance(msg, Embed):
             return self._embed(peer, msg)
-        if isinstance(msg, (Tokenize, Detokenize, Render, CountTokens, GetStats)):
+        if isinstance(msg, (Render, CountTokens)):
+            self.helpers.submit(peer, msg)
+            return None
+        if isinstance(msg, (Tokenize, Detokenize, GetStats)):
             return self._call(msg)
         if isinstance(msg, Ping):
             return Pong(msg.nonce, self.scheduler.n_running, self.scheduler.n_waiting)
@@ -220,6 +227,10 @@ class WorkerServer:
         except EngineError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param="input"))
         return None
+
+
+    def internal_reply(self, msg, message: str):
+        return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, message))
 
 
 _REPLY = {Tokenize: TokenizeResult, Detokenize: DetokenizeResult, Render: RenderResult, CountTokens: CountResult,
