@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from typing import Literal
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +39,16 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # that worker's CURVE public key file (NAME.key from `bictl worker keygen`): the gateway talks
+    # only to a worker holding the matching secret key, over an encrypted link
+    server_key: str | None = None
+    insecure: bool | None = None  # allow a tcp:// endpoint without server_key (plain, unauthenticated)
+    # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
+    # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
+    extra_buffers: Literal["auto", "on", "off"] | None = None
+    # admission (the gateway's per-model queue; not passed to the worker)
+    max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
+    queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -50,7 +61,7 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 RELOADABLE = ("aliases", "anthropic_api_keys")
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256)
+BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000)
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -68,9 +79,17 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     preload: list[str] = []  # models to start with the daemon
     default_model: str = "gemma3:270m"
     embed_default_model: bool = True  # register the packaged Gemma 3 270M when no model exists
-    max_queue: int = 256  # waiting requests per model before 503 overloaded
+    max_queue: int = 256  # waiting requests per model before 503 overloaded, where [defaults] / [models] do not say
+    max_request_body_bytes: int = 256 * 1024 * 1024  # larger request bodies get 413 (checked while reading)
+    heartbeat_interval: float = 5.0  # seconds between pings to each worker
+    heartbeat_timeout: float = 30.0  # a worker silent this long (no tick, reply or pong) is lost and restarted
     worker_start_timeout: float = 120.0
     remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
+    curve_secret_key: str | None = None  # the gateway's CURVE secret key file, for workers with a server_key
+    # a model whose worker fails to start (after the safe-profile fallback) is not started again for
+    # this many seconds, doubling with each further failure up to worker_restart_backoff_max
+    worker_restart_backoff: float = 2.0
+    worker_restart_backoff_max: float = 120.0
     log_level: str = "info"
     log_json: bool = True
     # model registry and fetch

@@ -116,7 +116,7 @@ class DirectClient:
 def fake_worker(endpoint: str, work: Path, *, tps: float, n_seq_max: int) -> Server:
     argv = [
         sys.executable, "-m", "barrel_inference.worker", "--fake", "--fake-tps", str(tps),
-        "--bind", endpoint, "--model-name", FAKE_MODEL, "--n-seq-max", str(n_seq_max), "--n-ctx", "4096",
+        "--bind", endpoint, "--model-name", FAKE_MODEL, "--n-seq-max", str(n_seq_max), "--n-ctx", "4096", "--insecure",
     ]  # fmt: skip
     return Server(name="fake-worker", argv=argv, base_url="", model_id=FAKE_MODEL, ready_path="",
                   log_path=work / "fake-worker.log")  # fmt: skip
@@ -131,7 +131,7 @@ def gateway_for(endpoint: str, cache_dir: Path, work: Path, n_seq_max: int) -> S
         "\n".join([
             'host = "127.0.0.1"', f"port = {port}", f'model_cache_dir = "{cache_dir}"', f'runtime_dir = "{run_dir}"',
             f'default_model = "{FAKE_MODEL}"', "embed_default_model = false", 'log_level = "warning"', "max_queue = 4096",
-            "", f'[models."{FAKE_MODEL}"]', f'endpoint = "{endpoint}"', f"n_seq_max = {n_seq_max}", "",
+            "", f'[models."{FAKE_MODEL}"]', f'endpoint = "{endpoint}"', "insecure = true", f"n_seq_max = {n_seq_max}", "",
         ])
     )  # fmt: skip
     return Server(

@@ -202,7 +202,7 @@ def worker_alone(shape: Shape, model_name: str, endpoint: str, work: Path) -> Se
         sys.executable, "-m", "barrel_inference.worker", "--bind", endpoint, "--model-path", str(shape.model_path),
         "--model-name", model_name, "--n-seq-max", str(shape.parallel), "--n-ctx", str(shape.ctx_per_seq),
         "--n-batch", str(shape.n_batch), "--n-ubatch", str(shape.n_batch), "--threads", str(shape.threads),
-        "--prefill-chunk", str(shape.prefill_chunk),
+        "--prefill-chunk", str(shape.prefill_chunk), "--insecure",
     ]  # fmt: skip
     return Server(name="ours-worker", argv=argv, base_url="", model_id=model_name, ready_path="",
                   log_path=work / "ours-worker.log")  # fmt: skip

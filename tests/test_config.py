@@ -61,3 +61,16 @@ def test_reload_takes_aliases_and_keys_only(tmp_path):
         raise ValueError("invalid configuration")
 
     assert reload_config(settings, broken, log) == [] and settings.aliases == {"a": "m2", "b": "m1"}
+
+
+def test_example_config_loads_and_names_every_key():
+    """deploy/config.example.toml is valid as written and documents every setting (commented or not)."""
+    from pathlib import Path
+
+    from barrel_inference.config import ModelSettings, Settings, load_settings
+
+    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.toml"
+    load_settings(example, env={})
+    text = example.read_text()
+    missing = [f for f in (*Settings.__struct_fields__, *ModelSettings.__struct_fields__) if f not in text]
+    assert missing == []

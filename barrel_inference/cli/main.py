@@ -11,6 +11,8 @@ from .chat import embed, run
 from .client import CLIError
 from .context import State
 from .daemon import serve, stop, version
+from .doctor import doctor
+from .worker import worker
 from .models import COMMANDS
 
 
@@ -36,7 +38,7 @@ def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float):
     ctx.obj = State(host=host, json=as_json, timeout=timeout)
 
 
-for command in [*COMMANDS, run, embed, serve, stop, version]:
+for command in [*COMMANDS, run, embed, serve, stop, version, doctor, worker]:
     main.add_command(command)
 
 

@@ -15,7 +15,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health
+from . import health, system
+from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
 from .logging import make_logger
@@ -64,12 +65,52 @@ class ErrorMiddleware:
             await self.app(scope, receive, tracking_send)
         except ClientDisconnect:
             return  # the client left while its request was being read: nobody to answer
+        except GatewayError as exc:  # raised outside a family's handling (e.g. a body over the limit)
+            if not started:
+                await self.families.error_response(scope.get("path", ""), exc.info)(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
             self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
             if started:
                 return
             info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Every request body is at most max_request_body_bytes: a larger Content-Length is answered 413 at
+    once, and a body without one (chunked) is cut off with 413 when it passes the limit while it is
+    read, so no route ever buffers more than the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int, families: Families) -> None:
+        self.app = app
+        self.limit = limit
+        self.families = families
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length" and value.isdigit() and int(value) > limit:
+                await self.families.error_response(scope.get("path", ""), too_large(limit))(scope, receive, send)
+                return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise GatewayError.from_info(too_large(limit))
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def too_large(limit: int) -> ErrorInfo:
+    return ErrorInfo(ErrorCode.REQUEST_TOO_LARGE, f"the request body is larger than max_request_body_bytes ({limit} bytes)")
 
 
 _HTTP_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.REQUEST_TOO_LARGE}
@@ -115,7 +156,7 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
@@ -123,8 +164,10 @@ def create_app(
     app.state.registry = registry
     app.state.models = models
     app.state.metrics = GatewayMetrics()
+    app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
     app.state.families = families
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
     return app
 

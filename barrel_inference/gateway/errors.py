@@ -12,10 +12,12 @@ class GatewayError(Exception):
     """A failure with a typed code, raised anywhere in the gateway and answered by the family."""
 
     def __init__(
-        self, code: ErrorCode, message: str, *, param: str | None = None, retryable: bool = False
+        self, code: ErrorCode, message: str, *, param: str | None = None, retryable: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.info = ErrorInfo(code=code, message=message, retryable=retryable, param=param)
+        self.retry_after = retry_after  # seconds a client should wait before retrying, where known
 
     @classmethod
     def from_info(cls, info: ErrorInfo) -> "GatewayError":
@@ -38,5 +40,14 @@ def unsupported(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(ErrorCode.UNSUPPORTED, message, param=param)
 
 
-def worker_unavailable(message: str) -> GatewayError:
-    return GatewayError(ErrorCode.WORKER_UNAVAILABLE, message, retryable=True)
+def worker_unavailable(message: str, retry_after: float | None = None) -> GatewayError:
+    return GatewayError(ErrorCode.WORKER_UNAVAILABLE, message, retryable=True, retry_after=retry_after)
+
+
+class WorkerCrashed(GatewayError):
+    """A worker that died from a crash signal (SIGSEGV, SIGILL, SIGBUS, SIGABRT) before it was ready."""
+
+    def __init__(self, message: str, *, signal: str, extra_buffers: bool | None) -> None:
+        super().__init__(ErrorCode.WORKER_UNAVAILABLE, message, retryable=True)
+        self.signal = signal
+        self.extra_buffers = extra_buffers

@@ -56,6 +56,8 @@ class Generation:
         self._t0 = time.monotonic()
         self._closed = False
         self._counted_active = False
+        self.slot: Any = None  # the admission slot, released when the worker's Done arrives
+        self.queue_ms: float | None = None  # time spent in the gateway's admission queue
 
     @classmethod
     async def open(
@@ -76,7 +78,16 @@ class Generation:
     async def _start(self) -> None:
         handle = await self.state.models.get(self.requested_model)
         self.model = handle.name
+        admission = getattr(self.state, "admission", None)
+        if admission is not None:
+            t0 = time.monotonic()
+            self.slot = await admission.acquire(handle.name, handle.hello.n_seq_max)
+            self.queue_ms = (time.monotonic() - t0) * 1000
+            if not handle.alive:  # the worker went while this request waited: its successor serves it
+                handle = await self.state.models.get(self.requested_model)
         self.stream = handle.submit(self.submit)
+        if self.slot is not None:
+            self.stream.add_done_callback(self.slot.release)
         self.state.metrics.active_streams.labels(self.model).inc()
         self._counted_active = True
         first = await self.stream.opened()
@@ -114,6 +125,8 @@ class Generation:
         stream = self.stream
         if stream is not None and not stream.finished:
             stream.abort()
+        if self.slot is not None and stream is None:  # admitted, never submitted
+            self.slot.release()
         if self._counted_active:
             self.state.metrics.active_streams.labels(self.model).dec()
         self._record()
@@ -162,6 +175,8 @@ class Generation:
             fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
         if timings is not None:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.queue_ms is not None:
+            fields["gateway_queue_ms"] = round(self.queue_ms, 1)
         if self.request_id != self.id:
             fields["id"] = self.id
         if self.error is not None:

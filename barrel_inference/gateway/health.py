@@ -18,7 +18,9 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    state.metrics.refresh((h.name, h.waiting) for h in state.models.handles())
+    admission = getattr(state, "admission", None)
+    if admission is not None:
+        state.metrics.refresh(admission.depths().items())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
@@ -33,7 +35,11 @@ async def stats(request: Request) -> Response:
         return JSONBody({"error": exc.info.message}, status_code=STATUS.get(exc.code, 500))
     if result.error is not None:
         return JSONBody({"error": result.error.message}, status_code=STATUS.get(result.error.code, 500))
-    return JSONBody({"model": handle.name, "pid": handle.info().pid, "in_flight": handle.in_flight, "stats": result.stats or {}})
+    info = handle.info()
+    engine = {"profile": info.engine_profile, "extra_buffers": info.extra_buffers, "reason": info.engine_reason,
+              "weight_buffers": info.weight_buffers}  # fmt: skip
+    return JSONBody({"model": handle.name, "pid": info.pid, "in_flight": handle.in_flight, "engine": engine,
+                     "stats": result.stats or {}})  # fmt: skip
 
 
 def routes() -> list[Route]:

@@ -128,10 +128,7 @@ async def read_body(request: Request, limit: int | None = None) -> bytes:
 
 
 def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        ErrorCode.REQUEST_TOO_LARGE,
-        f"the request body is larger than max_request_body_bytes ({limit} bytes)",
-    )
+    return GatewayError(ErrorCode.REQUEST_TOO_LARGE, f"the request body is larger than max_request_body_bytes ({limit} bytes)")
 
 
 def endpoint(adapter: Adapter) -> Callable:
@@ -156,7 +153,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         model = adapter.model(req)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     except ClientDisconnect:
         return Response(status_code=499)
     stream = adapter.streaming(req)
@@ -165,7 +162,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     try:
         gen = await until_disconnect(request, opening)
     except GatewayError as exc:
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
@@ -178,12 +175,33 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return Response(status_code=499)
     except GatewayError as exc:
         gen.close(exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     finally:
         gen.close()
     if (info := done_error(result.done)) is not None:
         return family.error_response(info, headers=headers)
     return JSONBody(adapter.response(req, ctx, result), headers=headers)
+
+
+async def admitted_call(request: Request, model: str, call: Any, *, timeout: float = 30.0) -> Any:
+    """A helper call (Embed, Tokenize...) that holds one of the model's admission slots while it runs:
+    it waits in the model's queue like a generation, and is dropped (and aborted on the worker) if the
+    client leaves. Raises GatewayError, ClientDisconnected."""
+    state = request.app.state
+
+    async def run() -> Any:
+        handle = await state.models.get(model)
+        admission = getattr(state, "admission", None)
+        slot = await admission.acquire(handle.name, handle.hello.n_seq_max) if admission is not None else None
+        try:
+            if not handle.alive:
+                handle = await state.models.get(model)
+            return await handle.call(call, timeout)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    return await until_disconnect(request, run())
 
 
 async def _stream_body(gen: Generation, enc: StreamEncoder):

@@ -42,6 +42,7 @@ from ..protocol import (
     Tick,
     ToWorker,
 )
+from ..protocol.curve import CurveError, secure_client
 from .collector import RequestStream
 from .errors import GatewayError, worker_unavailable
 
@@ -60,8 +61,10 @@ class WorkerLink:
         on_lost: Callable[["WorkerLink", str], None] | None = None,
         watch_connection: bool = False,
         logger: Any = None,
+        curve: tuple[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._curve = curve  # (the gateway's secret key file, the worker's public key file)
         self.name = name or endpoint
         self.hello: Hello | None = None
         self._ctx = ctx or zmq.asyncio.Context.instance()
@@ -97,6 +100,12 @@ class WorkerLink:
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a completed connection
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        if self._curve is not None:
+            try:
+                secure_client(sock, *self._curve)
+            except CurveError as exc:
+                sock.close(0)
+                raise worker_unavailable(f"worker for {self.name}: {exc}") from None
         sock.connect(self.endpoint)
         self._sock = sock
         loop = asyncio.get_running_loop()
@@ -112,7 +121,8 @@ class WorkerLink:
                     self._send(Connect(client="barrel-inference-gateway"))
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise worker_unavailable(f"worker for {self.name} did not answer at {self.endpoint} within {timeout:g}s")
+                    why = " (or refused this gateway's key / did not prove its own)" if self._curve else ""
+                    raise worker_unavailable(f"worker for {self.name} did not answer at {self.endpoint} within {timeout:g}s{why}")
                 try:
                     hello = await asyncio.wait_for(asyncio.shield(self._hello_waiter), min(CONNECT_RETRY_S, remaining))
                     break

@@ -22,15 +22,16 @@ class GatewayMetrics:
         self.completion_tokens = Counter(P + "completion_tokens", "Tokens generated", ["model"], registry=r)
         self.cached_tokens = Counter(P + "cached_tokens", "Prompt tokens served from the KV cache", ["model"], registry=r)
         self.active_streams = Gauge(P + "active_streams", "Generations in progress (streamed or not)", ["model"], registry=r)
-        self.waiting = Gauge(P + "requests_waiting", "Requests in flight beyond the worker's sequences (queued)", ["model"], registry=r)
+        self.waiting = Gauge(P + "requests_waiting", "Requests waiting in the model's admission queue (queue depth)", ["model"], registry=r)
+        self.queue_wait = Histogram(P + "queue_wait_seconds", "Time a request waited in the gateway's admission queue", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.rejections = Counter(P + "queue_rejections", "Requests refused by admission: full, timeout, disconnected", ["model", "reason"], registry=r)  # fmt: skip
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Submit to first generated token", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between generated tokens", ["model"], buckets=_ITL_BUCKETS, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "Request start to end", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Time a request waited in the worker before its prefill", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
-        """Set the waiting gauge from (model, waiting) pairs of the running models."""
-        self.waiting.clear()
+        """Set the waiting gauge from (model, queue depth) pairs."""
         for model, waiting in loads:
             self.waiting.labels(model).set(waiting)
 

@@ -30,6 +30,8 @@ _PARAMETER_KEYS = {
     "use_mmap": "use_mmap", "use_mlock": "use_mlock",
 }  # fmt: skip
 _LOADER_KEYS = ("n_batch", "n_ubatch", "n_seq_max", "threads", "prefill_chunk", "chat_template")
+# signals that mean the engine itself crashed (bad kernel, bad weight layout), not a stop request
+CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGILL: "SIGILL", signal.SIGBUS: "SIGBUS", signal.SIGABRT: "SIGABRT"}
 _FLAGS = {
     "n_seq_max": "--n-seq-max",
     "n_ctx": "--n-ctx",
@@ -42,6 +44,7 @@ _FLAGS = {
     "main_gpu": "--main-gpu",
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
+    "extra_buffers": "--extra-buffers",
 }
 
 
@@ -64,8 +67,10 @@ def engine_options(settings: Settings, record: Any) -> ModelSettings:
     return merged
 
 
-def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelSettings) -> list[str]:
+def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelSettings, profile: str = "default") -> list[str]:
     argv = [*command, "--bind", endpoint, "--model-path", str(record.path), "--model-name", record.name]
+    if profile != "default":
+        argv += ["--engine-profile", profile]
     for field, flag in _FLAGS.items():
         value = getattr(opts, field)
         if value is not None:
@@ -106,6 +111,8 @@ class WorkerProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.engine_profile: dict = {}  # the worker's "engine_profile" event: profile, extra_buffers, reason
+        self.failure: str | None = None  # the worker's own "worker_failed" reason (about the model, not clients)
 
     @property
     def pid(self) -> int | None:
@@ -137,11 +144,33 @@ class WorkerProcess:
                 pass
         return rc
 
-    def describe_exit(self) -> str:
+    @property
+    def crash_signal(self) -> str | None:
+        """The name of the signal that killed the worker where it means an engine crash (SIGSEGV, ...)."""
         rc = self.returncode
-        how = f"was killed by signal {-rc}" if rc is not None and rc < 0 else f"exited with code {rc}"
-        last = " | ".join(list(self.tail)[-3:])
-        return f"worker for {self.name} {how}" + (f" ({last})" if last else "")
+        if rc is None or rc >= 0:
+            return None
+        try:
+            return CRASH_SIGNALS.get(signal.Signals(-rc))
+        except ValueError:
+            return None
+
+    def describe_exit(self, when: str = "") -> str:
+        """How the worker ended, for clients: no worker output (it may hold other clients' data)."""
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = "?"
+            how = f"was killed by signal {-rc} ({name})"
+        else:
+            how = f"exited with code {rc}"
+        return f"worker for {self.name} {how}{when}" + (f": {self.failure}" if self.failure else "")
+
+    def last_output(self, n: int = 5) -> list[str]:
+        """The worker's last lines of output, for the server log only."""
+        return list(self.tail)[-n:]
 
     async def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait up to `timeout`, then SIGKILL."""
@@ -185,6 +214,10 @@ class WorkerProcess:
             rec = None
         if isinstance(rec, dict):
             event = str(rec.pop("event", "worker_log"))
+            if event == "engine_profile":
+                self.engine_profile = dict(rec)
+            elif event == "worker_failed" and isinstance(rec.get("error"), str):
+                self.failure = rec["error"][:500]
             level = str(rec.pop("level", "error" if "error" in rec else "info")).lower()
             rec.pop("model", None)
             fields = {k if k not in ("pid",) else "worker_pid": v for k, v in rec.items()}

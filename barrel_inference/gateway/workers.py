@@ -7,6 +7,13 @@ is a worker elsewhere that the gateway only connects to (watched by heartbeat). 
 its in-flight requests end with a typed WORKER_UNAVAILABLE error and the next `get` starts a fresh
 one: the gateway itself never goes down.
 
+Engine crashes: a worker that dies from a crash signal while loading or warming up in the default
+engine profile (with llama.cpp's extra buffer types on) is started once more in the safe profile,
+and the fallback is remembered (gateway/fallbacks.py) so that the next start goes straight to it.
+A model whose worker still fails to start is not started again before a backoff that doubles
+with each failure (settings.worker_restart_backoff .. worker_restart_backoff_max); requests in the
+meantime get a 503 naming the model and why.
+
 Admission: a model accepts at most n_seq_max + settings.max_queue requests in flight; the next one
 gets a typed OVERLOADED error.
 """
@@ -24,7 +31,8 @@ import zmq.asyncio
 from ..config import Settings
 from ..protocol import ErrorCode, HelperCall, Hello, Submit
 from .collector import RequestStream
-from .errors import GatewayError, worker_unavailable
+from .errors import GatewayError, WorkerCrashed, worker_unavailable
+from .fallbacks import FallbackStore
 from .link import WorkerLink
 from .logging import make_logger
 from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, worker_argv
@@ -50,6 +58,10 @@ class RunningModel(msgspec.Struct):
     digest: str | None = None
     details: dict = {}
     chat_template_source: str = ""
+    engine_profile: str = ""  # "default" or "safe"
+    extra_buffers: bool | None = None
+    engine_reason: str = ""
+    weight_buffers: list[str] = []
 
 
 class WorkerHandle:
@@ -104,6 +116,10 @@ class WorkerHandle:
             chat_template=h.chat_template, path=str(getattr(r, "path", "") or ""), size=int(getattr(r, "size", 0) or 0),
             digest=getattr(r, "digest", None), details=dict(getattr(r, "details", None) or {}),
             chat_template_source=h.chat_template_source,
+            engine_profile=h.engine_info.profile if h.engine_info else "",
+            extra_buffers=h.engine_info.extra_buffers if h.engine_info else None,
+            engine_reason=h.engine_info.reason if h.engine_info else "",
+            weight_buffers=list(h.engine_info.weight_buffers) if h.engine_info else [],
         )  # fmt: skip
 
 
@@ -116,21 +132,25 @@ class ModelManager:
         logger: Any = None,
         worker_command: Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
-        heartbeat: tuple[float, float] = (5.0, 30.0),
+        heartbeat: tuple[float, float] | None = None,
         stop_timeout: float = 10.0,
         ctx: zmq.asyncio.Context | None = None,
+        fallbacks: FallbackStore | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.log = logger if logger is not None else make_logger(settings)
         self.command = list(worker_command or default_command()) + list(extra_args)
-        self.heartbeat = heartbeat  # (interval, timeout) of pings to a worker that runs elsewhere
+        # (interval, timeout) of pings to every worker: one silent past the timeout is lost (and restarted)
+        self.heartbeat = heartbeat or (settings.heartbeat_interval, settings.heartbeat_timeout)
         self.stop_timeout = stop_timeout  # SIGTERM, then SIGKILL after this many seconds
         self._ctx = ctx
         self._handles: dict[str, WorkerHandle] = {}
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
+        self.fallbacks = fallbacks if fallbacks is not None else FallbackStore.in_cache_dir(settings.cache_dir())
+        self._failures: dict[str, tuple[int, float, str]] = {}  # name -> (failures in a row, retry at, why)
 
     # ---- lookup -----------------------------------------------------------------------
     async def resolve(self, name: str) -> Any:
@@ -179,6 +199,7 @@ class ModelManager:
             link = WorkerLink(
                 opts.endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
                 heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, watch_connection=True, logger=self.log,
+                curve=self._curve_keys(record.name, opts),
             )  # fmt: skip
             # a remote worker is either up or not: fail fast (503, retryable) rather than hang the client
             hello = await link.connect(min(timeout, self.settings.remote_connect_timeout))
@@ -193,12 +214,76 @@ class ModelManager:
         return handle
 
     async def _spawn(self, record: Any, opts: Any, timeout: float) -> WorkerHandle:
+        """Start the model's worker: the remembered profile, else default then safe after a crash."""
+        self._check_backoff(record.name)
+        remembered = self.fallbacks.get(record)
+        profile = "safe" if remembered else "default"
+        if remembered:
+            self.log.info("engine_fallback_remembered", model=record.name, profile="safe", reason=remembered.get("reason"))
+        try:
+            try:
+                handle = await self._spawn_once(record, opts, timeout, profile)
+            except WorkerCrashed as exc:
+                if profile != "default" or exc.extra_buffers is False:
+                    raise
+                reason = (
+                    f"worker for {record.name} was killed by {exc.signal} while loading with llama.cpp's extra "
+                    "buffer types on; restarting it in the safe engine profile (extra buffer types off)"
+                )
+                self.log.error("engine_fallback", model=record.name, signal=exc.signal, profile="safe", reason=reason)
+                self.fallbacks.remember(record, profile="safe", reason=reason, signal=exc.signal)
+                handle = await self._spawn_once(record, opts, timeout, "safe")
+        except GatewayError as exc:
+            self._note_failure(record.name, exc.info.message)
+            raise
+        self._failures.pop(record.name, None)
+        return handle
+
+    def _curve_keys(self, name: str, opts: Any) -> tuple[str, str] | None:
+        """(gateway secret key, worker public key) for a remote worker; plain tcp only when asked for."""
+        if opts.server_key:
+            if not self.settings.curve_secret_key:
+                raise worker_unavailable(
+                    f"model {name} has a server_key but the gateway has no curve_secret_key to authenticate with"
+                )
+            return (self.settings.curve_secret_key, opts.server_key)
+        if opts.endpoint.startswith("tcp://") and not opts.insecure:
+            raise worker_unavailable(
+                f"refusing the unauthenticated worker endpoint {opts.endpoint} for {name}: set server_key (the worker's "
+                "public key from `bictl worker keygen`) and curve_secret_key, or insecure = true"
+            )
+        if opts.endpoint.startswith("tcp://"):
+            self.log.warning("insecure_worker_link", model=name, endpoint=opts.endpoint)
+        return None
+
+    def _check_backoff(self, name: str) -> None:
+        failed = self._failures.get(name)
+        if failed is None:
+            return
+        count, retry_at, why = failed
+        wait = retry_at - time.monotonic()
+        if wait > 0:
+            raise worker_unavailable(
+                f"{why}; the worker is not started again for {wait:.0f} s ({count} failed start{'s' * (count > 1)} in a row)",
+                retry_after=wait,
+            )
+
+    def _note_failure(self, name: str, why: str) -> None:
+        count = self._failures.get(name, (0, 0.0, ""))[0] + 1
+        delay = min(self.settings.worker_restart_backoff_max, self.settings.worker_restart_backoff * 2 ** (count - 1))
+        self._failures[name] = (count, time.monotonic() + delay, why)
+        self.log.error("worker_start_backoff", model=name, failures=count, backoff_s=round(delay, 3), reason=why)
+
+    async def _spawn_once(self, record: Any, opts: Any, timeout: float, profile: str) -> WorkerHandle:
         run_dir = self.settings.run_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         endpoint = ipc_endpoint(run_dir, record.name)
-        proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts), self.log)
+        proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts, profile), self.log)
         await proc.start()
-        link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)
+        link = WorkerLink(
+            endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
+            heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, logger=self.log,
+        )  # fmt: skip
         connecting = asyncio.create_task(link.connect(timeout))
         exited = asyncio.create_task(proc.wait())
         try:
@@ -212,8 +297,12 @@ class ModelManager:
             connecting.cancel()
             await asyncio.gather(connecting, return_exceptions=True)
             await link.close()
-            reason = proc.describe_exit() + " before it was ready"
-            self.log.error("worker_start_failed", model=record.name, reason=reason)
+            reason = proc.describe_exit(" before it was ready")
+            self.log.error("worker_start_failed", model=record.name, reason=reason, profile=profile,
+                           worker_output=proc.last_output())  # fmt: skip
+            if proc.crash_signal is not None:
+                extra = proc.engine_profile.get("extra_buffers")
+                raise WorkerCrashed(reason, signal=proc.crash_signal, extra_buffers=extra if isinstance(extra, bool) else None)
             raise worker_unavailable(reason)
         try:
             hello = connecting.result()
@@ -236,8 +325,16 @@ class ModelManager:
         await exited
         if handle.unloading:
             return
-        reason = handle.process.describe_exit() if handle.process else "worker exited"
-        self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason)
+        proc = handle.process
+        reason = proc.describe_exit() if proc else "worker exited"
+        self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason,
+                       worker_output=proc.last_output() if proc else [])  # fmt: skip
+        info = handle.hello.engine_info
+        if proc is not None and proc.crash_signal and info is not None and info.profile == "default" and info.extra_buffers:
+            why = (f"worker for {handle.name} was killed by {proc.crash_signal} while serving with llama.cpp's extra "
+                   "buffer types on; its next start uses the safe engine profile")  # fmt: skip
+            self.log.error("engine_fallback", model=handle.name, signal=proc.crash_signal, profile="safe", reason=why)
+            self.fallbacks.remember(handle.record, profile="safe", reason=why, signal=proc.crash_signal)
         handle.link.lose(reason)
         self._forget(handle)
         await handle.link.close(reason)
@@ -247,7 +344,19 @@ class ModelManager:
             if handle.link is link:
                 self.log.error("worker_lost", model=handle.name, reason=reason)
                 self._forget(handle)
+                if handle.process is not None and handle.process.returncode is None and not self._closed:
+                    self._spawn_task(self._restart_hung(handle))
         self._spawn_task(link.close(reason))
+
+    async def _restart_hung(self, handle: WorkerHandle) -> None:
+        """A worker process that stopped answering is killed and a fresh one started in its place."""
+        handle.unloading = True  # its exit is this restart, not a crash
+        await handle.process.stop(timeout=1.0)
+        self.log.warning("worker_restart", model=handle.name, pid=handle.process.pid, reason="stopped answering")
+        try:
+            await self.get(handle.name)
+        except Exception as exc:  # noqa: BLE001 - the next request tries again
+            self.log.error("worker_restart_failed", model=handle.name, error=str(exc))
 
     def _forget(self, handle: WorkerHandle) -> None:
         if self._handles.get(handle.name) is handle:

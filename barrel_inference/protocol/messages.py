@@ -50,6 +50,7 @@ __all__ = [
     "ToolCallEnd",
     "Part",
     "Accepted",
+    "EngineInfo",
     "Delta",
     "Usage",
     "Timings",
@@ -257,6 +258,18 @@ ToWorker = Union[Connect, Submit, Abort, EndSession, Tokenize, Detokenize, Rende
 # ---- worker -> gateway ---------------------------------------------------------------
 
 
+class EngineInfo(msgspec.Struct, omit_defaults=True):
+    """How the worker's engine was loaded: its profile, and what the build and CPU gave it."""
+
+    profile: str = "default"  # "default" or "safe" (extra buffer types off after a crash)
+    extra_buffers: bool = True  # llama.cpp's extra buffer types (CPU repack, AMX layouts) in use
+    reason: str = ""  # why extra buffers are on or off
+    weight_buffers: list[str] = []  # buffer types holding the weights (CPU, CPU_REPACK, AMX, CUDA0, ...)
+    system_info: str = ""  # llama.cpp's llama_print_system_info()
+    llama_cpp_version: str = ""
+    warmup_ms: float = 0.0
+
+
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
     protocol_version: int
     model: str
@@ -271,6 +284,7 @@ class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
     eos_token: str = ""
     pid: int = 0
     engine: str = "llama.cpp"
+    engine_info: EngineInfo | None = None
 
 
 # Delta.parts: ordered, typed output. A tagged union on "type"; new kinds get new tags (see the rules).

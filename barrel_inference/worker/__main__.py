@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+import msgspec
+
 
 def _truth(value: str) -> bool:
     v = value.strip().lower()
@@ -21,9 +23,10 @@ def _truth(value: str) -> bool:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="barrel_inference.worker", description="barrel-inference model worker")
-    p.add_argument("--bind", required=True, help="ipc:///path/to.sock or tcp://host:port")
+    p.add_argument("--system-info", action="store_true", help="print the llama.cpp build's facts as JSON and exit")
+    p.add_argument("--bind", default="", help="ipc:///path/to.sock or tcp://host:port")
     p.add_argument("--model-path", default="")
-    p.add_argument("--model-name", required=True)
+    p.add_argument("--model-name", default="")
     p.add_argument("--n-seq-max", type=int, default=4)
     p.add_argument("--n-ctx", type=int, default=8192, help="context of one sequence (prompt + output)")
     p.add_argument("--n-batch", type=int, default=512)
@@ -35,10 +38,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--engine-profile", choices=("default", "safe"), default="default",
+                   help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
+    p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's extra buffer types (CPU repack, AMX); auto = off on CPUs with AMX")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up decode before ready")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
+    p.add_argument("--curve-clients", default=None, metavar="DIR", help="directory of the gateways' public keys (*.key) admitted")
+    p.add_argument("--insecure", action="store_true", help="allow a tcp:// bind without CURVE keys")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.system_info and (not args.bind or not args.model_name):
+        p.error("--bind and --model-name are required")
+    if bool(args.curve_secret_key) != bool(args.curve_clients):
+        p.error("--curve-secret-key and --curve-clients go together")
+    if args.bind.startswith("tcp://") and not args.curve_secret_key and not args.insecure:
+        p.error(f"refusing to serve {args.bind} without CURVE keys (anyone who reaches the port could drive the model): "
+                "give --curve-secret-key and --curve-clients (bictl worker keygen), or --insecure")
+    return args
 
 
 def _log(event: str, **fields) -> None:
@@ -51,7 +71,7 @@ def _log(event: str, **fields) -> None:
         pass
 
 
-def build_engine(args):
+def build_engine(args, extra_buffers: bool):
     if args.fake:
         from .fake import FakeEngine
 
@@ -61,19 +81,42 @@ def build_engine(args):
     return LlamaEngine(
         args.model_path, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch,
         n_ubatch=args.n_ubatch, threads=args.threads, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
-        use_mmap=args.use_mmap, use_mlock=args.use_mlock,
+        use_mmap=args.use_mmap, use_mlock=args.use_mlock, extra_buffers=extra_buffers,
     )  # fmt: skip
+
+
+def system_info(fake: bool = False, extra_buffers: str = "auto") -> dict:
+    """The engine build's facts (llama.cpp version, ggml features, devices) and what `extra_buffers`
+    resolves to on this CPU: what `bictl doctor` and GET /api/system show."""
+    from .engine_profile import resolve
+
+    profile = resolve("default", extra_buffers)
+    chosen = {"setting": extra_buffers, "extra_buffers": profile.extra_buffers, "reason": profile.reason}
+    if fake:
+        return {"llama_cpp_python": "fake", "system_info": "", "features": {}, "devices": [], "extra_buffers": chosen}
+    from .engine import system_info as engine_system_info
+
+    return {**engine_system_info(), "extra_buffers": chosen}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.system_info:
+        sys.stdout.write(json.dumps(system_info(args.fake, args.extra_buffers)) + "\n")
+        return 0
+    from ..protocol import EngineInfo
     from .engine_api import EngineError
+    from .engine_profile import resolve
     from .server import WorkerServer
     from .templates import ChatTemplate, TemplateError
+    from .warmup import warm_up
 
     t0 = time.perf_counter()
+    profile = resolve(args.engine_profile, args.extra_buffers)
+    _log("engine_profile", model=args.model_name, profile=profile.name, extra_buffers=profile.extra_buffers,
+         reason=profile.reason)  # fmt: skip
     try:
-        engine = build_engine(args)
+        engine = build_engine(args, profile.extra_buffers)
         bos = engine.token_text(getattr(engine, "bos", -1)) if hasattr(engine, "bos") else ""
         eos = engine.token_text(getattr(engine, "eos", -1)) if hasattr(engine, "eos") else ""
         template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos)
@@ -81,11 +124,38 @@ def main(argv=None) -> int:
         _log("worker_failed", error=str(exc), model=args.model_name)
         return 2
     n_ctx = min(args.n_ctx, engine.n_ctx)
-    server = WorkerServer(engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx,
-                          prefill_chunk=args.prefill_chunk, log=_log)  # fmt: skip
+    info = EngineInfo(
+        profile=profile.name, extra_buffers=profile.extra_buffers, reason=profile.reason,
+        weight_buffers=engine.weight_buffers() if hasattr(engine, "weight_buffers") else [],
+    )  # fmt: skip
+    if not args.no_warmup:
+        # an engine that crashes on this CPU crashes here, before hello, where the gateway can fall back
+        try:
+            ran = warm_up(engine, extra_buffers=profile.extra_buffers)
+        except RuntimeError as exc:
+            _log("worker_failed", error=f"warm-up failed: {exc}", model=args.model_name)
+            return 3
+        info = msgspec.structs.replace(info, warmup_ms=ran["ms"])
+        _log("warmup_done", model=args.model_name, **ran)
+    if not args.fake:
+        facts = system_info()
+        info = msgspec.structs.replace(info, system_info=facts["system_info"], llama_cpp_version=facts["llama_cpp_python"])
+    from ..protocol.curve import CurveError
+
+    try:
+        server = WorkerServer(
+            engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
+            log=_log, engine_info=info, insecure=args.insecure,
+            curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
+        )  # fmt: skip
+    except CurveError as exc:
+        _log("worker_failed", error=str(exc), model=args.model_name)
+        engine.close()
+        return 2
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
-    _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx,
+    _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx, profile=profile.name,
+         extra_buffers=profile.extra_buffers, weight_buffers=info.weight_buffers,
          n_seq_max=engine.n_seq_max, template=template.name, load_ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
 
     def _term(signum, frame):

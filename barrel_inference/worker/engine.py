@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 
 import llama_cpp as L
@@ -30,13 +31,93 @@ def _backend_init() -> None:
             _BACKEND_READY = True
 
 
+# buffer types named in llama.cpp's load log ("load_tensors: CPU_REPACK model buffer size = ..."):
+# the only place llama.cpp says which weight layouts a model got (one model per worker process)
+_LOAD_BUFFERS: list[str] = []
+_BUFFER_LINE = re.compile(rb"^\s*(?:\w+:\s+)?(\S+) model buffer size")
+
+
 @L.llama_log_callback
 def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
-    if os.environ.get("BARREL_INFERENCE_LLAMA_LOG") and text:
-        os.write(2, text)
+    if text:
+        m = _BUFFER_LINE.match(text)
+        if m:
+            name = m.group(1).decode("utf-8", "replace")
+            if name not in _LOAD_BUFFERS:
+                _LOAD_BUFFERS.append(name)
+        if os.environ.get("BARREL_INFERENCE_LLAMA_LOG"):
+            os.write(2, text)
 
 
 _QUIET_LOG = _quiet_log
+
+
+def system_info() -> dict:
+    """What this llama.cpp build is and sees: version, ggml's feature string, devices."""
+    _backend_init()
+    text = L.llama_print_system_info().decode("utf-8", "replace").strip()
+    features: dict[str, str] = {}
+    for part in text.replace("|", "\n").splitlines():
+        key, sep, value = part.partition("=")
+        if sep:
+            features[key.strip().split(":")[-1].strip()] = value.strip()
+    return {
+        "llama_cpp_python": getattr(L, "__version__", None) or _package_version(),
+        "system_info": text,
+        "features": features,
+        "supports_gpu_offload": bool(L.llama_supports_gpu_offload()),
+        "supports_mmap": bool(L.llama_supports_mmap()),
+        "supports_mlock": bool(L.llama_supports_mlock()),
+        "max_devices": int(L.llama_max_devices()),
+        "devices": _devices(),
+    }
+
+
+def _package_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("llama_cpp_python")
+
+
+_DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def _ggml():
+    from llama_cpp import _ggml as G
+
+    lib = G.libggml
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        getattr(lib, fn).restype = ctypes.c_char_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    return lib
+
+
+def _devices() -> list[dict]:
+    """ggml's backend devices (CPU, GPUs, accelerators) with their memory; [] where ggml hides them."""
+    try:
+        lib = _ggml()
+    except (ImportError, OSError, AttributeError):
+        return []
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({
+            "name": (lib.ggml_backend_dev_name(dev) or b"").decode("utf-8", "replace"),
+            "description": (lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
+            "type": _DEV_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+            "memory_free": free.value,
+            "memory_total": total.value,
+        })  # fmt: skip
+    return out
 
 
 class Sampler:
@@ -79,9 +160,14 @@ class LlamaEngine:
         main_gpu: int | None = None,
         use_mmap: bool | None = None,
         use_mlock: bool | None = None,
+        extra_buffers: bool = True,
     ):
         _backend_init()
         mp = L.llama_model_default_params()
+        # llama.cpp's "extra buffer types" (CPU weight repacking, AMX layouts): faster on some
+        # CPUs and quantisations, but the AMX one crashes on some (see worker/engine_profile.py)
+        mp.use_extra_bufts = bool(extra_buffers)
+        self.extra_buffers = bool(extra_buffers)
         if n_gpu_layers is not None:
             mp.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         if main_gpu is not None:
@@ -93,6 +179,7 @@ class LlamaEngine:
         self.model = L.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
             raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")
+        self._weight_buffers = list(_LOAD_BUFFERS)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self.model)
@@ -120,6 +207,10 @@ class LlamaEngine:
         self._create_context()
 
     # ---- metadata -----------------------------------------------------------------------
+    def weight_buffers(self) -> list[str]:
+        """Names of the buffer types the model's weights live in (e.g. CPU, CPU_REPACK, AMX, CUDA0)."""
+        return list(self._weight_buffers)
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
         n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))

@@ -21,9 +21,10 @@ import zmq
 
 from ..protocol import (
     PROTOCOL_VERSION, Abort, Connect, CountResult, CountTokens, Detokenize, DetokenizeResult, Embed, EmbedResult,
-    EndSession, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit, Tick,
+    EndSession, EngineInfo, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit, Tick,
     Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
+from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError
 from .helpers import HelperThread
 from .prompt import PromptBuilder, PromptError
@@ -36,8 +37,19 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None):  # fmt: skip
+                 n_ctx: int, prefill_chunk: int = 256, log=None, engine_info: EngineInfo | None = None,
+                 curve: tuple[str, str] | None = None, insecure: bool = False):  # fmt: skip
+        if bind.startswith("tcp://") and curve is None and not insecure:
+            raise ValueError(
+                f"refusing to serve {bind} without CURVE keys: anyone who reaches the port could drive the model; "
+                "give --curve-secret-key and --curve-clients (bictl worker keygen), or --insecure"
+            )
+        if curve is not None:
+            check_server_keys(*curve)
+        self.curve = curve  # (this worker's secret key file, directory of authorized gateway public keys)
+        self.insecure = insecure
         self.engine = engine
+        self.engine_info = engine_info
         self.template = template
         self.model = model
         self.bind = bind
@@ -94,6 +106,12 @@ class WorkerServer:
         router = self.zctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        auth = None
+        if self.curve is not None:
+            auth = secure_server(self.zctx, router, *self.curve)
+        elif self.bind.startswith("tcp://"):
+            self.log("insecure_link", bind=self.bind, level="warning",
+                     warning="plain tcp without CURVE keys: anyone who reaches this port can use the model")  # fmt: skip
         router.bind(self.bind)
         self._router = router
         replies = self.zctx.socket(zmq.PULL)
@@ -103,7 +121,7 @@ class WorkerServer:
         self._poller = zmq.Poller()
         self._poller.register(router, zmq.POLLIN)
         self._poller.register(replies, zmq.POLLIN)
-        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid())
+        self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid(), curve=self.curve is not None)
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
@@ -111,6 +129,8 @@ class WorkerServer:
             self.helpers.stop()
             router.close(0)
             replies.close(0)
+            if auth is not None:
+                auth.stop()
             self._stop.set()
 
     def hello(self) -> Hello:
@@ -128,7 +148,14 @@ class WorkerServer:
             bos_token=self.template.bos_token,
             eos_token=self.template.eos_token,
             pid=os.getpid(),
+            engine_info=self.engine_info,
         )
+
+    def _engine_stats(self) -> dict:
+        info = self.engine_info
+        if info is None:
+            return {}
+        return {"engine_profile": info.profile, "extra_buffers": info.extra_buffers, "weight_buffers": info.weight_buffers}
 
     def stop(self) -> None:
         self._stop.set()
@@ -221,7 +248,7 @@ class WorkerServer:
                     return CountResult(id=msg.id, count=len(self.prompts.tokenize_rendered(text)))
                 return CountResult(id=msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
             if isinstance(msg, GetStats):
-                return StatsResult(id=msg.id, stats={"model": self.model, "pid": os.getpid(), **self.scheduler.stats()})
+                return StatsResult(id=msg.id, stats={"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()})
         except (PromptError, TemplateError) as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
         except EngineError as exc:

@@ -71,7 +71,7 @@ class DaemonThread:
             await worker.start()
             port = free_port()
             settings = Settings(host="127.0.0.1", port=port, model_cache_dir=str(self.tmp / "cache"), runtime_dir=str(self.tmp / "run"),
-                                embed_default_model=False, models={MODEL: ModelSettings(endpoint=worker.endpoint)},
+                                embed_default_model=False, models={MODEL: ModelSettings(endpoint=worker.endpoint, insecure=True)},
                                 hf_endpoint=hf.url, ollama_registry=ol.url, ollama_search_url=ol.url, log_json=True)  # fmt: skip
             self.log = io.StringIO()
             logger = make_logger(settings, stream=self.log)

@@ -85,3 +85,34 @@ def test_serve_detach_then_stop(tmp_path, tiny_gguf):
     assert r6.returncode == 3
     r7 = bictl("stop", env=env)
     assert r7.returncode == 1 and "no pid file" in r7.stderr
+
+
+def test_doctor_against_the_daemon_and_without_one(daemon, tmp_path):
+    r = bictl("--json", "doctor", env={"BARREL_INFERENCE_HOST": daemon.url}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["source"] == daemon.url
+    assert "CPU" in report["llama_cpp"]["system_info"] and report["llama_cpp"]["llama_cpp_python"]
+    assert report["cpu"]["signature"] and report["cpu"]["cores"] >= 1
+    assert report["cache_dir"]["path"] == str(daemon.settings.cache_dir()) and report["cache_dir"]["free_bytes"] > 0
+    assert report["engine"]["extra_buffers_setting"] == "auto"
+    assert isinstance(report["engine"]["extra_buffers"]["extra_buffers"], bool) and report["engine"]["extra_buffers"]["reason"]
+
+    # no daemon: the same report computed here, remembered fallbacks included
+    from barrel_inference.gateway.fallbacks import FallbackStore
+
+    cache = tmp_path / "doctor-cache"
+    FallbackStore.in_cache_dir(cache).remember(
+        type("R", (), {"name": "m:latest", "digest": "sha256:" + "ab" * 32})(), profile="safe",
+        reason="worker for m:latest was killed by SIGSEGV", signal="SIGSEGV",
+    )  # fmt: skip
+    cfg = tmp_path / "doctor.toml"
+    cfg.write_text(f'model_cache_dir = "{cache}"\n[defaults]\nextra_buffers = "off"\n')
+    port = free_port()
+    r = bictl("doctor", "--config", str(cfg), env={"BARREL_INFERENCE_HOST": f"127.0.0.1:{port}"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"no daemon answered at http://127.0.0.1:{port}" in out
+    assert "extra buffers:  setting 'off' -> off" in out
+    assert "fallback:       m:latest: safe after SIGSEGV (applies here)" in out
+    assert "llama-cpp-python" in out and "ggml:" in out

@@ -67,7 +67,8 @@ class LogCapture:
 
 
 def make_settings(tmp_path: Path, endpoint: str | None = None, **kw) -> Settings:
-    models = {MODEL: ModelSettings(endpoint=endpoint)} if endpoint else {}
+    models = {MODEL: ModelSettings(endpoint=endpoint, insecure=True)} if endpoint else {}
+    models.update(kw.pop("models", {}))
     return Settings(runtime_dir=str(tmp_path / "run"), model_cache_dir=str(tmp_path / "cache"), models=models,
                     embed_default_model=False, worker_start_timeout=kw.pop("worker_start_timeout", 5.0), **kw)  # fmt: skip
 

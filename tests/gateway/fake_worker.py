@@ -12,6 +12,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
   SLOW     -> a pause of `slow_s` before the next word (a long prefill)
   FAIL     -> the request ends with a decode_failed error after the words before it
+  FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -64,6 +66,7 @@ class FakeWorker:
         self.calls: list = []
         self.pings = 0
         self.answer_pings = True
+        self.frozen = False
         self._running: dict[str, asyncio.Task] = {}
         self._ctx = zmq.asyncio.Context()
         self._sock = None
@@ -111,6 +114,8 @@ class FakeWorker:
     async def _serve(self) -> None:
         while True:
             peer, body = await self._sock.recv_multipart()
+            if self.frozen:
+                continue
             msg = self.codec.decode(body)
             if isinstance(msg, Connect):
                 self.connects += 1
@@ -178,6 +183,9 @@ class FakeWorker:
                     await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                     return
                 if word == "STALL":
+                    await asyncio.Event().wait()
+                if word == "FREEZE":
+                    self.frozen = True
                     await asyncio.Event().wait()
                 if word == "GARBLE":
                     bad = {"kind": "tick", "deltas": [{"id": s.id, "parts": [{"type": "hologram", "text": "?"}]}]}
@@ -247,7 +255,9 @@ async def _main(argv: list[str]) -> int:
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
     if args.fail_start:
-        print("fake worker: cannot load model", file=sys.stderr, flush=True)
+        # free text another client's request may have put in the log, then the worker's typed failure
+        print("fake worker: request req-other prompt 'secret text of another client'", file=sys.stderr, flush=True)
+        print(json.dumps({"event": "worker_failed", "error": "cannot load model"}), file=sys.stderr, flush=True)
         return 2
     await asyncio.sleep(args.start_delay)
     worker = FakeWorker(bind=args.bind, model=args.model_name, n_seq_max=args.n_seq_max, on_crash=lambda: os._exit(3))

@@ -200,15 +200,17 @@ async def test_overload_is_503(make_gateway, fake_worker):
     fake_worker.n_seq_max = 1
     gw = await make_gateway(fake_worker.endpoint, max_queue=1)
     held = [asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat_body(f"w{i} STALL"))) for i in range(2)]
-    while len(fake_worker.submits) < 2:
+    # one runs on the worker's only sequence, the other waits in the gateway's queue
+    while len(fake_worker.submits) < 1 or gw.app.state.admission.queue(MODEL).depth < 1:
         await asyncio.sleep(0.01)
     r = await gw.client.post("/v1/chat/completions", json=chat_body("one more"))
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
-    assert len(fake_worker.submits) == 2
+    assert len(fake_worker.submits) == 1
     m = (await gw.client.get("/metrics")).text
     assert 'barrel_inference_requests_waiting{model="fake:latest"} 1.0' in m
-    assert 'barrel_inference_active_streams{model="fake:latest"} 2.0' in m
+    assert 'barrel_inference_active_streams{model="fake:latest"} 1.0' in m
+    assert 'barrel_inference_queue_rejections_total{model="fake:latest",reason="full"} 1.0' in m
     for t in held:
         t.cancel()
     await asyncio.gather(*held, return_exceptions=True)

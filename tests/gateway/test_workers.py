@@ -133,12 +133,17 @@ async def test_crash_fails_in_flight_and_next_get_restarts(short_tmp):
 
 
 async def test_start_failure_is_worker_unavailable(short_tmp):
-    m, logs = manager(short_tmp, "--fail-start")
+    m, logs = manager(short_tmp, "--fail-start", worker_restart_backoff=0.0)
     try:
         with pytest.raises(GatewayError) as info:
             await m.get(MODEL)
         assert info.value.code == ErrorCode.WORKER_UNAVAILABLE
-        assert "exited with code 2" in info.value.info.message and "cannot load model" in info.value.info.message
+        message = info.value.info.message
+        assert "exited with code 2" in message and "cannot load model" in message
+        # the worker's free output stays in the server log: it may hold other clients' data
+        assert "secret" not in message and "req-other" not in message
+        failed = logs.events("worker_start_failed")
+        assert any("secret text of another client" in line for line in failed[0]["worker_output"])
         assert m.running() == []
         with pytest.raises(GatewayError) as info:  # unknown names stay 404s, not start failures
             await m.get("nope")
@@ -224,3 +229,31 @@ def test_manifest_gpu_and_mmap_parameters_reach_the_worker_command():
 
     args = parse_args(["--bind", "x", "--model-name", "g", *argv[argv.index("--n-gpu-layers"):]])
     assert (args.n_gpu_layers, args.main_gpu, args.use_mmap, args.use_mlock) == (-1, 1, False, True)
+
+
+async def test_a_worker_that_stops_answering_fails_its_requests_and_is_restarted(short_tmp):
+    """No tick, reply or pong within the heartbeat timeout: typed error for what was in flight, the hung
+    process is killed and a fresh worker started, without waiting for the next request."""
+    settings = make_settings(short_tmp, None)
+    logs = LogCapture(settings)
+    m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger, worker_command=FAKE_CMD, heartbeat=(0.1, 1.0))
+    try:
+        h = await m.get(MODEL)
+        first = h.process
+        text, done = await asyncio.wait_for(run(h, chat("f1", "a b FREEZE c")), 10)
+        assert text == "a b"
+        assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.WORKER_UNAVAILABLE
+        assert done.error.retryable and "stopped answering" in done.error.message
+        for _ in range(200):
+            if m.running() and m.running()[0].pid != first.pid:
+                break
+            await asyncio.sleep(0.05)
+        assert first.returncode is not None  # the hung process was killed
+        [info] = m.running()
+        assert info.pid != first.pid
+        h2 = await m.get(MODEL)
+        text, done = await run(h2, chat("f2", "alive again"))
+        assert text == "alive again" and done.finish_reason == FinishReason.STOP
+        assert [e["model"] for e in logs.events("worker_restart")] == [MODEL]
+    finally:
+        await m.aclose()

@@ -26,7 +26,8 @@ class Daemon:
     """`bictl serve` in a subprocess with its own cache and runtime dirs."""
 
     def __init__(self, root: Path, models: dict[str, Path], *, n_seq_max: int = 4, n_ctx: int = 1024,
-                 threads: int = 2, extra: str = "", embed_default: bool = False):  # fmt: skip
+                 threads: int = 2, extra: str = "", embed_default: bool = False, defaults: str = "",
+                 env: dict[str, str] | None = None):  # fmt: skip
         self.root = Path(root)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -35,8 +36,9 @@ class Daemon:
         self.config.write_text(
             f'host = "127.0.0.1"\nport = {self.port}\nmodel_cache_dir = "{self.root / "models"}"\n'
             f'runtime_dir = "{self.root / "run"}"\nembed_default_model = {str(embed_default).lower()}\n{extra}\n'
-            f"[defaults]\nn_seq_max = {n_seq_max}\nn_ctx = {n_ctx}\nthreads = {threads}\nprefill_chunk = 128\n"
+            f"[defaults]\nn_seq_max = {n_seq_max}\nn_ctx = {n_ctx}\nthreads = {threads}\nprefill_chunk = 128\n{defaults}\n"
         )
+        self.env = dict(env or {})  # extra environment of the daemon (fault injection)
         settings = load_settings(self.config, env={})
         registry = Registry(settings)
         for name, path in models.items():
@@ -44,10 +46,10 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> "Daemon":
-        if self.proc is not None:
-            raise RuntimeError("this daemon was started already")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BARREL_INFERENCE_")}
-        self._log = open(self.log_path, "w")
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("this daemon is running already")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BARREL_INFERENCE_")} | self.env
+        self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "barrel_inference.cli", "serve", "--config", str(self.config)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -83,6 +85,20 @@ class Daemon:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+
+    def events(self, name: str) -> list[dict]:
+        """The daemon's JSON log records named `name`, in order."""
+        import json
+
+        out = []
+        for line in self.log().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == name:
+                out.append(rec)
+        return out
 
     def __enter__(self) -> "Daemon":
         return self.start()

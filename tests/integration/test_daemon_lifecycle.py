@@ -68,8 +68,8 @@ def test_a_worker_on_another_host_is_reached_over_tcp(tiny_gguf, tmp_path):
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     worker = subprocess.Popen([sys.executable, "-m", "barrel_inference.worker", "--bind", endpoint, "--model-path", str(tiny_gguf),
-                               "--model-name", "tiny:latest", "--n-ctx", "256", "--n-seq-max", "2", "--threads", "1"])  # fmt: skip
-    extra = f'remote_connect_timeout = 2\n[models."tiny:latest"]\nendpoint = "{endpoint}"\n'
+                               "--model-name", "tiny:latest", "--n-ctx", "256", "--n-seq-max", "2", "--threads", "1", "--insecure"])  # fmt: skip
+    extra = f'remote_connect_timeout = 2\n[models."tiny:latest"]\nendpoint = "{endpoint}"\ninsecure = true\n'
     try:
         with Daemon(tmp_path, {"tiny": tiny_gguf}, extra=extra) as d:
             r = httpx.post(d.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3}, timeout=60)

@@ -61,3 +61,22 @@ def test_tokenize_specials_and_pieces(engine):
     toks = engine.tokenize("héllo wörld", add_special=False)
     assert engine.detokenize(toks) == "héllo wörld"
     assert engine.is_eog(engine.eos) and not engine.is_eog(toks[0])
+
+
+def test_warm_up_decodes_distinct_sequences_and_leaves_them_empty(engine):
+    from barrel_inference.worker.warmup import warm_up
+
+    ran = warm_up(engine, extra_buffers=engine.extra_buffers, n_seqs=4, prompt_len=16, steps=3)
+    assert ran["sequences"] == 2 and ran["steps"] == 3 and ran["prompt_tokens"] == 16  # capped at n_seq_max
+    for seq in range(engine.n_seq_max):
+        assert engine.seq_pos_min(seq) == -1  # nothing left behind for the first request
+    assert engine.weight_buffers()  # llama.cpp's load log named where the weights live
+
+
+def test_extra_buffers_off_keeps_weights_out_of_repacked_layouts(tiny_gguf):
+    e = LlamaEngine(str(tiny_gguf), n_ctx=64, n_seq_max=1, n_batch=32, threads=1, extra_buffers=False)
+    try:
+        assert e.extra_buffers is False
+        assert not any(b.endswith("_REPACK") or b == "AMX" for b in e.weight_buffers())
+    finally:
+        e.close()

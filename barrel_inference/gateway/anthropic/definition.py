@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from ...protocol import ErrorCode, ErrorInfo
-from ..family import RETRY_AFTER_S, Family
+from ..family import Family
 from ..http import JSONBody, new_id
 from .errors import STATUS_OVERRIDES, error_body
 
@@ -22,15 +22,16 @@ def render_error(info: ErrorInfo, status: int) -> dict:
 
 
 class AnthropicFamily(Family):
-    def error_response(self, info: ErrorInfo, *, status: int | None = None, headers: dict | None = None) -> Response:
-        """The envelope with the request id in the body and in a `request-id` header."""
+    def error_response(
+        self, info: ErrorInfo, *, status: int | None = None, headers: dict | None = None, retry_after: float | None = None
+    ) -> Response:
+        """The core's answer (status, retry-after), with the request id in the body and a `request-id` header."""
         headers = dict(headers or {})
         request_id = headers.get("request-id") or headers.get("x-request-id") or new_id("req_")
         headers["request-id"] = request_id
-        status = status or self.status(info.code)
-        if status in (503, 504, 529):
-            headers.setdefault("retry-after", str(RETRY_AFTER_S))
-        return JSONBody(error_body(info, status, request_id), status_code=status, headers=headers)
+        base = super().error_response(info, status=status, headers=headers, retry_after=retry_after)
+        kept = {k: v for k, v in base.headers.items() if k not in ("content-length", "content-type")}
+        return JSONBody(error_body(info, base.status_code, request_id), status_code=base.status_code, headers=kept)
 
 
 def _routes() -> list:

@@ -138,4 +138,10 @@ def ps_item(info: Any) -> dict:
         "pid": getattr(info, "pid", None),
         "endpoint": getattr(info, "endpoint", None),
         "started_at": iso(getattr(info, "started_at", None)),
+        "engine": {
+            "profile": getattr(info, "engine_profile", "") or None,
+            "extra_buffers": getattr(info, "extra_buffers", None),
+            "reason": getattr(info, "engine_reason", "") or None,
+            "weight_buffers": list(getattr(info, "weight_buffers", None) or []),
+        },
     }

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import math
+import struct
 from typing import Any
 
 from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
 from ..errors import invalid, unsupported
 from ..family import STATUS
-from .wire import ChatCompletionRequest, CompletionRequest, Message
+from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Message
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _ROLES = {"developer": "system", "function": "tool"}
@@ -219,3 +222,49 @@ def completion_response(request_id: str, model: str, created: int, text: str, do
 def model_json(name: str, created: int) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "barrel-inference"}
 
+
+
+# ---- embeddings -------------------------------------------------------------------------
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
+    """`input` as the engine takes it: a string, strings, one list of token ids, or lists of token ids."""
+    if not req.model:
+        raise invalid("model must not be empty", "model")
+    value = req.input
+    if isinstance(value, str):
+        items: list = [value]
+    elif not value:
+        raise invalid("input must not be empty", "input")
+    elif all(isinstance(x, str) for x in value):
+        items = list(value)
+    elif all(_is_token(x) for x in value):
+        items = [list(value)]
+    elif all(isinstance(x, list) and x and all(_is_token(t) for t in x) for x in value):
+        items = [list(x) for x in value]
+    else:
+        raise invalid("input must be a string, a list of strings, a list of token ids or a list of lists of token ids", "input")
+    for i, item in enumerate(items):
+        if isinstance(item, str) and not item:
+            raise invalid(f"input[{i}] is an empty string", "input")
+    return items
+
+
+def embedding_json(vector: list[float], index: int, encoding_format: str | None, dimensions: int | None) -> dict:
+    """One `data` item: the vector cut to `dimensions` and renormalised, as floats or base64 of
+    little-endian float32 (what the openai SDK decodes)."""
+    if dimensions is not None:
+        if dimensions > len(vector):
+            raise invalid(f"dimensions must be at most {len(vector)} for this model, got {dimensions}", "dimensions")
+        vector = vector[:dimensions]
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        vector = [x / norm for x in vector]
+    if encoding_format == "base64":
+        value: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    else:
+        value = vector
+    return {"object": "embedding", "index": index, "embedding": value}

@@ -12,14 +12,20 @@ from starlette.routing import Route
 from ...protocol import Embed, Submit
 from ..errors import GatewayError, invalid
 from ..family import Family
-from ..lifecycle import Adapter, Context, Result, endpoint, read_body
-from ..http import JSONBody, new_id
-from .convert import chat_response, chat_to_submit, completion_response, completion_to_submit, error_body, model_json
+from starlette.requests import ClientDisconnect
+
+from ..lifecycle import Adapter, Context, Result, admitted_call, endpoint, read_body
+from ..http import ClientDisconnected, JSONBody, client_request_id, new_id
+from .convert import (
+    chat_response, chat_to_submit, completion_response, completion_to_submit, embedding_inputs, embedding_json,
+    error_body, model_json,
+)  # fmt: skip
 from .stream import ChatStreamEncoder, CompletionStreamEncoder
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, WireError, decode
 
 API_CHAT = "openai.chat"
 API_COMPLETIONS = "openai.completions"
+EMBED_TIMEOUT_S = 600.0  # many long inputs on a CPU take a while; a silent worker is caught by the heartbeat
 
 FAMILY = Family("openai", ("/v1",), render_error=error_body)
 
@@ -74,29 +80,25 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    return FAMILY.error_response(exc.info, headers={"x-request-id": request_id} if request_id else None)
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
     rid = new_id("emb-")
+    headers = {"x-request-id": client_request_id(request) or rid}
     try:
         req = decode_or_invalid(await read_body(request), EmbeddingRequest)
-        texts = [req.input] if isinstance(req.input, str) else list(req.input)
-        if not texts:
-            raise invalid("input must not be empty", "input")
-        if req.encoding_format not in (None, "float"):
-            raise invalid("only encoding_format 'float' is supported", "encoding_format")
-        if req.dimensions is not None:
-            raise invalid("dimensions is not supported: the model's embedding size is fixed", "dimensions")
-        handle = await request.app.state.models.get(req.model)
-        result = await handle.call(Embed(id=rid, inputs=texts))
+        inputs = embedding_inputs(req)
+        result = await admitted_call(request, req.model, Embed(id=rid, inputs=inputs), timeout=EMBED_TIMEOUT_S)
+        if result.error is not None:
+            raise GatewayError.from_info(result.error)
+        data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
-        return error_response(exc, rid)
-    if result.error is not None:
-        return error_response(GatewayError.from_info(result.error), rid)
-    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.embeddings or [])]
-    usage = {"prompt_tokens": result.count or 0, "total_tokens": result.count or 0}
-    return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage})
+        return FAMILY.error(exc, headers=headers)
+    except (ClientDisconnected, ClientDisconnect):
+        return Response(status_code=499)
+    usage = {"prompt_tokens": result.count, "total_tokens": result.count}
+    return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage}, headers=headers)
 
 
 async def list_models(request: Request) -> Response:

@@ -106,9 +106,9 @@ class CompletionRequest(_Sampling, kw_only=True):
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     model: str
-    input: Union[str, list[str]]
-    encoding_format: str | None = None  # "float" only
-    dimensions: int | None = None
+    input: Union[str, list[Any]]  # a string, strings, token ids, or lists of token ids (checked in convert.py)
+    encoding_format: Literal["float", "base64"] | None = None  # the openai SDK asks for base64 by default
+    dimensions: PositiveInt | None = None
     user: str | None = None
 
 
