@@ -212,9 +212,37 @@ def _check_model(req: _Prompt) -> None:
         raise invalid("model: must not be empty", "model")
 
 
+def turn_options(req: _Prompt) -> dict:
+    """tool_choice, disable_parallel_tool_use and the thinking config in engine terms: Submit's
+    tool_choice ("auto" / "required" / "none" / a named function), parallel_tool_calls, thinking_budget
+    and the template's enable_thinking switch. Only what the request set is returned."""
+    out: dict[str, Any] = {}
+    choice = req.tool_choice
+    if choice is not None and req.tools:
+        if choice.type == "tool":
+            out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        else:
+            out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        if choice.disable_parallel_tool_use:
+            out["parallel_tool_calls"] = False
+    thinking = req.thinking
+    if thinking is not None:
+        enabled = thinking.type != "disabled"
+        out["template_kwargs"] = {"enable_thinking": enabled}
+        if enabled and thinking.budget_tokens is not None:
+            out["thinking_budget"] = thinking.budget_tokens
+    return out
+
+
+def _submit_options(req: _Prompt) -> dict:
+    """The turn options this protocol's Submit carries (a link without them takes the request as it is)."""
+    return {k: v for k, v in turn_options(req).items() if k in Submit.__struct_fields__}
+
+
 def to_submit(req: MessagesRequest, request_id: str) -> Submit:
     _check_model(req)
     return Submit(
+        **_submit_options(req),
         id=request_id,
         messages=messages_of(req),
         tools=tools_of(req),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from barrel_inference.gateway.anthropic.auth import key_allowed, presented_key
-from barrel_inference.gateway.anthropic.convert import prompt_of, to_submit
+from barrel_inference.gateway.anthropic.convert import prompt_of, to_submit, turn_options
 from barrel_inference.gateway.anthropic.definition import FAMILY
 from barrel_inference.gateway.anthropic.errors import error_body, error_status
 from barrel_inference.gateway.anthropic.models import list_of, page
@@ -104,6 +104,20 @@ def test_tool_round_trip_history():
 def test_tool_choice(choice, has_tools):
     s = submit(tools=[WEATHER], tool_choice=choice)
     assert (s.tools is not None) == has_tools
+
+
+@pytest.mark.parametrize("change,options", [
+    ({}, {}),
+    ({"tool_choice": {"type": "auto"}}, {"tool_choice": "auto"}),
+    ({"tool_choice": {"type": "any", "disable_parallel_tool_use": True}}, {"tool_choice": "required", "parallel_tool_calls": False}),
+    ({"tool_choice": {"type": "tool", "name": "get_weather"}}, {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+    ({"tool_choice": {"type": "none"}}, {"tool_choice": "none"}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, {"template_kwargs": {"enable_thinking": True}, "thinking_budget": 1024}),
+    ({"thinking": {"type": "disabled"}}, {"template_kwargs": {"enable_thinking": False}}),
+    ({"thinking": {"type": "adaptive"}}, {"template_kwargs": {"enable_thinking": True}}),
+])  # fmt: skip
+def test_turn_options_in_engine_terms(change, options):
+    assert turn_options(req(tools=[WEATHER], **change)) == options
 
 
 @pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}])
