@@ -12,6 +12,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
   SLOW     -> a pause of `slow_s` before the next word (a long prefill)
   FAIL     -> the request ends with a decode_failed error after the words before it
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
@@ -152,6 +153,8 @@ class FakeWorker:
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
+            if "NOEMBED" in msg.inputs:
+                return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
             vecs = []
             for item in msg.inputs:
                 n = len(item) if isinstance(item, list) else len(item.split())

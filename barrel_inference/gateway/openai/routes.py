@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Embed, Submit
+from ...protocol import Embed, Submit, ThinkingPart
 from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
@@ -61,7 +61,11 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        thinking = "".join(p.text for p in result.parts if type(p) is ThinkingPart)
+        if thinking:  # the common extension clients read reasoning from
+            body["choices"][0]["message"]["reasoning_content"] = thinking
+        return body
 
 
 class CompletionAdapter(_OpenAIAdapter):
