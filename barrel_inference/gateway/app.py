@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, system
+from . import aliases, health, system
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
@@ -139,6 +139,7 @@ def create_app(
         models = ModelManager(settings, registry, logger=log)
 
     families = Families(families) if families is not None else load_families()
+    aliases.apply_overrides(settings)  # what `bictl alias` set, over the config file's [aliases]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -156,7 +157,7 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*health.routes(), *aliases.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )

@@ -12,6 +12,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
 from ..config import Settings
+from .aliases import apply_overrides
 from .app import create_app
 from .logging import configure_process_logging, make_logger
 
@@ -39,6 +40,7 @@ def reload_config(settings: Settings, load: Callable[[], Settings], log) -> list
     """Load the config again and apply its reloadable keys; a config that does not load changes nothing."""
     try:
         fresh = load()
+        apply_overrides(fresh)  # aliases set with `bictl alias` stay over the file's
     except Exception as exc:  # noqa: BLE001 - a bad edit must not take the daemon down
         log.error("config_reload_failed", error=str(exc))
         return []
