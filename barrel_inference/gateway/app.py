@@ -19,8 +19,12 @@ from . import aliases, health, system
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
+from .http import new_id
 from .logging import make_logger
 from .metrics import GatewayMetrics
+from .outcomes import OutcomeCounter
+from .security import BrowserGuard
+from .sessions import PromptNormalizer
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
@@ -69,11 +73,16 @@ class ErrorMiddleware:
             if not started:
                 await self.families.error_response(scope.get("path", ""), exc.info)(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
-            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
+            error_id = new_id("err-")
+            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"), error_id=error_id)
             if started:
                 return
-            info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
-            await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
+            if isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
+                info = ErrorInfo(ErrorCode.INVALID_REQUEST, "the request body is nested too deeply")
+            else:  # a fixed message and the id of the log line that has the details
+                info = ErrorInfo(ErrorCode.INTERNAL, f"internal error (request id {error_id})")
+            response = self.families.error_response(scope.get("path", ""), info, headers={"x-request-id": error_id})
+            await response(scope, receive, send)
 
 
 class BodyLimitMiddleware:
@@ -167,9 +176,13 @@ def create_app(
     app.state.metrics = GatewayMetrics()
     app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
+    app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
     app.state.families = families
+    models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins, families=families)
+    app.add_middleware(OutcomeCounter, metrics=app.state.metrics, routes=app.routes)
     return app
 
 

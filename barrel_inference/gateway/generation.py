@@ -96,6 +96,8 @@ class Generation:
                 raise GatewayError.from_info(first.error)
         else:
             self.accepted = first
+            for result, n in first.tool_replay.items():
+                self.state.metrics.tool_replay.labels(self.model, result).inc(n)
 
     async def events(self) -> AsyncIterator[Event]:
         assert self.stream is not None
@@ -160,6 +162,11 @@ class Generation:
             if usage is not None:
                 metrics.prompt_tokens.labels(label).inc(usage.prompt_tokens)
                 metrics.cached_tokens.labels(label).inc(usage.cached_tokens)
+            if done is not None and done.cache is not None:
+                metrics.record_cache(label, done.cache)
+                fields["cache"] = done.cache.kind
+                if done.cache.miss:
+                    fields["cache_miss"] = done.cache.miss
             if stream.t_first_token is not None:
                 metrics.ttft.labels(label).observe(stream.t_first_token - stream.t_submit)
                 fields["ttft_ms"] = round((stream.t_first_token - stream.t_submit) * 1000, 1)
@@ -175,6 +182,8 @@ class Generation:
             fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
         if timings is not None:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.submit.session:
+            fields["session"] = self.submit.session
         if self.queue_ms is not None:
             fields["gateway_queue_ms"] = round(self.queue_ms, 1)
         if self.request_id != self.id:

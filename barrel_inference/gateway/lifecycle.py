@@ -42,6 +42,7 @@ from .errors import GatewayError
 from .family import Family
 from .generation import Generation, Result, record_rejected
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
+from .sessions import CACHE_MISS_HEADER, prepare
 
 DEFAULT_MAX_BODY = 256 * 1024 * 1024
 
@@ -149,7 +150,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     headers = {"x-request-id": request_id}
     try:
         req = adapter.decode(await read_body(request))
-        submit = adapter.to_submit(req, rid)
+        submit = prepare(adapter.to_submit(req, rid), getattr(state, "normalizer", None), request.headers)
         model = adapter.model(req)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
@@ -165,6 +166,8 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
+    if gen.accepted.cache_miss:  # known before any output: streamed responses carry it too
+        headers[CACHE_MISS_HEADER] = gen.accepted.cache_miss
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
     if stream:
         body = _stream_body(gen, adapter.encoder(req, ctx))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,16 +25,57 @@ class GatewayMetrics:
         self.active_streams = Gauge(P + "active_streams", "Generations in progress (streamed or not)", ["model"], registry=r)
         self.waiting = Gauge(P + "requests_waiting", "Requests waiting in the model's admission queue (queue depth)", ["model"], registry=r)
         self.queue_wait = Histogram(P + "queue_wait_seconds", "Time a request waited in the gateway's admission queue", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.tool_replay = Counter(P + "tool_replay_lookups", "Tool calls in a request's history looked up in the replay map", ["model", "result"], registry=r)  # fmt: skip
         self.rejections = Counter(P + "queue_rejections", "Requests refused by admission: full, timeout, disconnected", ["model", "reason"], registry=r)  # fmt: skip
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Submit to first generated token", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between generated tokens", ["model"], buckets=_ITL_BUCKETS, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "Request start to end", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.evaluated_tokens = Counter(P + "prompt_tokens_evaluated", "Prompt tokens computed (not reused)", ["model"], registry=r)
+        self.cache_hits = Counter(P + "cache_hits", "Requests by how their prompt prefix was found: sticky (the session's sequence), prefix (an idle cache), copy (from another sequence), ram / disk (a saved state), cold", ["model", "kind"], registry=r)
+        self.cache_misses = Counter(P + "cache_misses", "Session turns that reused less than the previous turn committed, by reason", ["model", "reason"], registry=r)
+        self.kv_tier_bytes = Gauge(P + "kv_tier_bytes", "Bytes of saved sequence states per tier", ["model", "tier"], registry=r)
+        self.kv_tier_entries = Gauge(P + "kv_tier_entries", "Saved sequence states per tier", ["model", "tier"], registry=r)
+        self.kv_evictions = Counter(P + "kv_evictions", "Caches taken out of sequences (saved to a tier or dropped)", ["model"], registry=r)
+        self._evictions_seen: dict[str, int] = {}
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Time a request waited in the worker before its prefill", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.http_responses = Counter(P + "http_responses", "HTTP answers of every route by status (refusals and 500s included)", ["route", "method", "status"], registry=r)  # fmt: skip
+        self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "kind"], registry=r)
+        self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "cause"], registry=r)  # fmt: skip
+        self._started: set[str] = set()
+
+    def worker_started(self, model: str) -> None:
+        self.worker_starts.labels(model, "restart" if model in self._started else "first").inc()
+        self._started.add(model)
+
+    def worker_exited(self, model: str, returncode: int | None) -> None:
+        if returncode is not None and returncode < 0:
+            try:
+                cause = signal.Signals(-returncode).name
+            except ValueError:
+                cause = f"signal {-returncode}"
+        else:
+            cause = f"exit {returncode}"
+        self.worker_exits.labels(model, cause).inc()
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
         """Set the waiting gauge from (model, queue depth) pairs."""
         for model, waiting in loads:
             self.waiting.labels(model).set(waiting)
+
+    def record_cache(self, model: str, cache) -> None:
+        """Figures of one finished request's CacheInfo (protocol), worker tiers included."""
+        self.cache_hits.labels(model, cache.kind).inc()
+        self.evaluated_tokens.labels(model).inc(cache.evaluated_tokens)
+        if cache.miss:
+            self.cache_misses.labels(model, cache.miss.split("=", 1)[0]).inc()
+        for tier, size, n in (("ram", cache.ram_bytes, cache.ram_entries), ("disk", cache.disk_bytes, cache.disk_entries)):
+            self.kv_tier_bytes.labels(model, tier).set(size)
+            self.kv_tier_entries.labels(model, tier).set(n)
+        seen = self._evictions_seen.get(model, 0)
+        grown = cache.evictions - seen if cache.evictions >= seen else cache.evictions  # a new worker counts from 0
+        if grown > 0:
+            self.kv_evictions.labels(model).inc(grown)
+        self._evictions_seen[model] = cache.evictions
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

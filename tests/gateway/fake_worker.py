@@ -7,8 +7,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
-  CALL:name:{json}     -> a complete tool call (start, argument text in two pieces, end); the request
-                          then finishes with finish_reason tool_calls
+  CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
   HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
   SLOW     -> a pause of `slow_s` before the next word (a long prefill)
   FAIL     -> the request ends with a decode_failed error after the words before it
@@ -16,8 +15,9 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
-Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
-cached 2); CountTokens counts the same way.
+Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2);
+CountTokens of messages counts the same way.
+An Embed with an input containing STALL is never answered.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    Usage, CountTokens, CountResult, ToolCallStart, ToolCallArgs, ToolCallEnd, WorkerCodec,
+    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, CountResult, CountTokens,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -106,7 +106,7 @@ class FakeWorker:
 
     async def stop(self) -> None:
         await self.kill()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # closes any socket still open (term() would wait on it forever)
 
     async def _send(self, peer: bytes, msg) -> None:
         if self._sock is not None:
@@ -133,7 +133,9 @@ class FakeWorker:
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
             elif isinstance(msg, HelperCall.__args__):
                 self.calls.append(msg)
-                await self._send(peer, self.call(msg))
+                result = self.call(msg)
+                if result is not None:  # None: a call that never ends (until the gateway gives up on it)
+                    await self._send(peer, result)
             elif isinstance(msg, Ping):
                 self.pings += 1
                 if self.answer_pings:
@@ -148,10 +150,12 @@ class FakeWorker:
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, CountTokens):
-            return CountResult(id=msg.id, count=prompt_size(msg.messages or [], msg.tools) if msg.messages is not None
-                               else len((msg.text or "").split()))  # fmt: skip
+            words = sum(len(m.content.split()) for m in msg.messages) if msg.messages is not None else len((msg.text or "").split())
+            return CountResult(id=msg.id, count=words)
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
+        if isinstance(msg, Embed) and any(isinstance(i, str) and "STALL" in i for i in msg.inputs):
+            return None
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
             if "NOEMBED" in msg.inputs:
                 return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
@@ -166,7 +170,7 @@ class FakeWorker:
 
     async def _generate(self, peer: bytes, s: Submit) -> None:
         words = script_of(s)
-        prompt_tokens = prompt_size(s.messages, s.tools) if s.messages else len(words)
+        prompt_tokens = sum(len(m.content.split()) for m in s.messages) if s.messages else len(words)
         usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=min(self.cached_tokens, prompt_tokens))
         try:
             if "TOOLONG" in words:
@@ -174,8 +178,7 @@ class FakeWorker:
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
-            n = 0
-            calls = 0
+            n = n_calls = 0
             for word in words:
                 if word == "SLOW":
                     await asyncio.sleep(self.slow_s)
@@ -207,31 +210,22 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                if word.startswith(("CALL:", "HALFCALL:")):
-                    parts = _call_parts(word, calls)
-                    calls += word.startswith("CALL:")
+                if word.startswith("CALL:"):
+                    _, name, args = word.split(":", 2)
+                    raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
+                    n_calls += 1
+                elif word.startswith("HALFCALL:"):
+                    _, name, args = word.split(":", 2)
+                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args)]
                 else:
                     parts = [_part(word, n)]
                 await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, n_tokens=1)]))
             usage.completion_tokens = n
-            finish = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=finish, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
-
-
-def prompt_size(messages, tools) -> int:
-    return sum(len(m.content.split()) for m in messages) + len(tools or [])
-
-
-def _call_parts(word: str, index: int) -> list:
-    kind, name, arguments = word.split(":", 2)
-    half = len(arguments) // 2
-    parts = [ToolCallStart(index=index, id=f"fake{index}", name=name),
-             ToolCallArgs(index=index, text=arguments[:half]), ToolCallArgs(index=index, text=arguments[half:])]  # fmt: skip
-    if kind == "CALL":
-        parts.append(ToolCallEnd(index=index, arguments=arguments, raw=word))
-    return parts
 
 
 def _part(word: str, n: int):

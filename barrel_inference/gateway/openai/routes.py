@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...protocol import Embed, Submit, ThinkingPart
+from ...protocol import Embed, Submit
 from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
@@ -61,11 +61,7 @@ class ChatAdapter(_OpenAIAdapter):
         return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
-        thinking = "".join(p.text for p in result.parts if type(p) is ThinkingPart)
-        if thinking:  # the common extension clients read reasoning from
-            body["choices"][0]["message"]["reasoning_content"] = thinking
-        return body
+        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done, result.parts)
 
 
 class CompletionAdapter(_OpenAIAdapter):
@@ -129,6 +125,12 @@ def _created(record: Any) -> int:
     return int(modified)
 
 
+def responses_routes() -> list[Route]:
+    from .responses_routes import routes as responses
+
+    return responses()
+
+
 def routes() -> list[Route]:
     return [
         Route("/v1/chat/completions", endpoint(ChatAdapter()), methods=["POST"]),
@@ -136,6 +138,7 @@ def routes() -> list[Route]:
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        *responses_routes(),
     ]
 
 
