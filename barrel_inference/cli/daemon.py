@@ -82,7 +82,7 @@ def serve(state: State, config, bind_host, port, detach, pid_file, log_file, wai
         from ..gateway.server import run as run_gateway
 
         try:
-            run_gateway(settings)
+            run_gateway(settings, reload=lambda: _settings(config, bind_host, port))
         except PortInUse as exc:
             raise CLIError(exc.message) from None
         except KeyboardInterrupt:

@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, openapi, system, webui
+from . import aliases, health, openapi, system, webui
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
@@ -28,7 +28,10 @@ from .sessions import PromptNormalizer
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
+# Order matters where two families serve one path: Anthropic's GET /v1/models matches only requests
+# carrying `anthropic-version`, and must come before OpenAI's, which answers every other client.
 FAMILIES = (
+    "barrel_inference.gateway.anthropic",
     "barrel_inference.gateway.openai",
     "barrel_inference.gateway.ollama",
 )
@@ -145,6 +148,7 @@ def create_app(
         models = ModelManager(settings, registry, logger=log)
 
     families = Families(families) if families is not None else load_families()
+    aliases.apply_overrides(settings)  # what `bictl alias` set, over the config file's [aliases]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -162,7 +166,8 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *aliases.routes(), *system.routes(),
+                *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
