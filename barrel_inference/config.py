@@ -39,6 +39,14 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     endpoint: str | None = None  # tcp://host:port of a worker that runs elsewhere
+    # tool calls and reasoning, where the pull-time scan guessed wrong: a format name (built-in or
+    # a [tool_call_formats] plugin) and the thinking markers; None: the manifest's (loader) values
+    tool_format: str | None = None
+    thinking_start: str | None = None
+    thinking_end: str | None = None
+    # true: control tokens are parsed inside message contents too (a user's "<start_of_turn>" opens a
+    # turn); the default recognises them in the chat template's own text only
+    content_special: bool | None = None
     # that worker's CURVE public key file (NAME.key from `bictl worker keygen`): the gateway talks
     # only to a worker holding the matching secret key, over an encrypted link
     server_key: str | None = None
@@ -48,6 +56,11 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     extra_buffers: Literal["auto", "on", "off"] | None = None
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
+    # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
+    # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
+    max_retained_tokens: int | None = None
+    kv_ram_bytes: int | None = None
+    kv_disk_bytes: int | None = None
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
@@ -59,10 +72,17 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
         return ModelSettings(**fields)
 
 
+# settings a running daemon re-reads from its config file on SIGHUP
+RELOADABLE = ("aliases", "anthropic_api_keys")
+
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
-    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000
-)
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000,
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30,
+)  # fmt: skip
+
+# Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
+CLAUDE_CODE_ATTRIBUTION = r"(?m)^x-anthropic-billing-header:[^\n]*(\n|$)"
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,7 +90,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     port: int = DEFAULT_PORT
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
+    kv_cache_dir: str | None = None  # disk tier of saved KV states; default: "kv" beside the model cache
+    # regexes whose matches are removed from system messages before rendering, so that a line that
+    # changes every request does not defeat prefix reuse (default: Claude Code's attribution line)
+    prompt_normalizers: list[str] = msgspec.field(default_factory=lambda: [CLAUDE_CODE_ATTRIBUTION])
     aliases: dict[str, str] = {}
+    # keys the Anthropic routes accept (x-api-key or Authorization: Bearer); empty: open to any key or none
+    anthropic_api_keys: list[str] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
     defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
@@ -86,6 +112,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     max_loaded_bytes: int = 0
     max_queue: int = 256  # waiting requests per model before 503 overloaded, where [defaults] / [models] do not say
     max_request_body_bytes: int = 256 * 1024 * 1024  # larger request bodies get 413 (checked while reading)
+    # the Responses API's store (previous_response_id, GET/DELETE /v1/responses/{id}): "sqlite" (a file
+    # under the cache dir, kept across restarts), "memory", or "package.module:Class" (a shared store)
+    responses_store: str = "sqlite"
+    responses_store_path: str | None = None  # default: responses.sqlite3 beside the model cache dir
+    responses_store_ttl_ms: int = 3_600_000  # a stored response expires an hour after it was made
+    responses_store_max_bytes: int = 256 * 1024 * 1024  # least recently used out first past this
     heartbeat_interval: float = 5.0  # seconds between pings to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long (no tick, reply or pong) is lost and restarted
     worker_start_timeout: float = 120.0
@@ -103,6 +135,36 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     ollama_registry: str = "https://registry.ollama.ai"  # Ollama v2 registry (manifests and blobs)
     ollama_search_url: str = "https://ollama.com"  # where Ollama's model library search lives
     pull_retention: float = 300.0  # seconds a finished pull job still answers status queries
+    # tool calls: operator formats (name -> importable module with a FORMAT), and the replay map
+    tool_call_formats: dict[str, str] = {}
+    tool_replay_dir: str | None = None  # default: <model_cache_dir>/tool-replay
+    tool_replay_ttl_ms: int = 30 * 24 * 3600 * 1000
+    tool_replay_gc_interval_ms: int = 3600 * 1000
+    pull_allow_private: bool = False  # pulls of URLs on loopback, private or link-local addresses
+    # browser safety: Host names answered besides loopback names, IP literals and this machine's name
+    # ("*": any), and web origins allowed besides localhost ones ("*": any)
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
+    # HTTP server: seconds an idle connection, or one still sending its request head, stays open;
+    # open connections at most (beyond it: 503 and close); bytes of a request head at most
+    keep_alive_timeout: float = 30.0
+    max_connections: int = 1024
+    max_header_bytes: int = 65536
+    run_num_predict: int = 1024  # `bictl run`: tokens per answer unless --max-tokens (0: no cap)
+
+    # ---- reload ---------------------------------------------------------------------
+    def apply_reload(self, fresh: "Settings") -> list[str]:
+        """Take the keys that may change without a restart (RELOADABLE) from `fresh`; the names that changed.
+
+        A request already in flight keeps what it read: a model name is resolved once, when it starts.
+        """
+        changed = []
+        for key in RELOADABLE:
+            value = getattr(fresh, key)
+            if getattr(self, key) != value:
+                setattr(self, key, value)
+                changed.append(key)
+        return changed
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:
@@ -115,13 +177,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
 
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
 
+    def kv_dir(self) -> Path:
+        if self.kv_cache_dir:
+            return Path(self.kv_cache_dir).expanduser()
+        return self.cache_dir().parent / "kv"
+
     def run_dir(self) -> Path:
+        """Worker sockets, the pid file and the daemon's lock. The default is per port, so that two
+        daemons on one machine never share worker sockets; an explicit runtime_dir is used as given."""
         if self.runtime_dir:
             return Path(self.runtime_dir).expanduser()
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         if xdg:
-            return Path(xdg) / "barrel-inference"
-        return Path(f"/tmp/barrel-inference-{os.getuid()}")
+            return Path(xdg) / "barrel-inference" / str(self.port)
+        return Path(f"/tmp/barrel-inference-{os.getuid()}") / str(self.port)
 
     def model_settings(self, name: str) -> ModelSettings:
         """The operator's settings for `name` over the built-in ones (the manifest not consulted)."""

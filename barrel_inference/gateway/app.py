@@ -15,16 +15,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, system
+from . import aliases, health, openapi, system, webui
 from .admission import Admission
 from .errors import GatewayError
 from .family import Families, Family
+from .http import new_id
 from .logging import make_logger
-from .metrics import GatewayMetrics
+from .metrics import GatewayMetrics, build_labels
+from .outcomes import OutcomeCounter
+from .security import BrowserGuard
+from .sessions import PromptNormalizer
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
+# Order matters where two families serve one path: Anthropic's GET /v1/models matches only requests
+# carrying `anthropic-version`, and must come before OpenAI's, which answers every other client.
 FAMILIES = (
+    "barrel_inference.gateway.anthropic",
     "barrel_inference.gateway.openai",
     "barrel_inference.gateway.ollama",
 )
@@ -66,11 +73,16 @@ class ErrorMiddleware:
             if not started:
                 await self.families.error_response(scope.get("path", ""), exc.info)(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
-            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
+            error_id = new_id("err-")
+            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"), error_id=error_id)
             if started:
                 return
-            info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
-            await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
+            if isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
+                info = ErrorInfo(ErrorCode.INVALID_REQUEST, "the request body is nested too deeply")
+            else:  # a fixed message and the id of the log line that has the details
+                info = ErrorInfo(ErrorCode.INTERNAL, f"internal error (request id {error_id})")
+            response = self.families.error_response(scope.get("path", ""), info, headers={"x-request-id": error_id})
+            await response(scope, receive, send)
 
 
 class BodyLimitMiddleware:
@@ -136,6 +148,7 @@ def create_app(
         models = ModelManager(settings, registry, logger=log)
 
     families = Families(families) if families is not None else load_families()
+    aliases.apply_overrides(settings)  # what `bictl alias` set, over the config file's [aliases]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -153,21 +166,26 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *aliases.routes(), *system.routes(),
+                *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.registry = registry
     app.state.models = models
-    app.state.metrics = GatewayMetrics()
+    app.state.metrics = GatewayMetrics(**build_labels(settings))
     app.state.admission = Admission(settings, app.state.metrics)
     if hasattr(models, "residency"):  # a slot held by a helper call (an embedding) keeps its model loaded too
         models.residency.admission = app.state.admission
     app.state.log = log
-    app.state.families = families
+    app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
+    app.state.families = families  # /openapi.json reads their schema tables too
+    models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins, families=families)
+    app.add_middleware(OutcomeCounter, metrics=app.state.metrics, routes=app.routes)
     return app
 
 

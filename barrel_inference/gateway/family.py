@@ -30,10 +30,13 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.QUEUE_TIMEOUT: 504,
     ErrorCode.DECODE_FAILED: 500,
+    ErrorCode.TOOL_CALL_INVALID: 500,  # the model wrote a call that does not parse or validate
     ErrorCode.INTERNAL: 500,
 }
 RETRY_AFTER_S = 1  # sent with every overload / unavailable / queue-timeout answer

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 import msgspec
@@ -44,6 +45,10 @@ _FLAGS = {
     "main_gpu": "--main-gpu",
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
+    "content_special": "--content-special",
+    "max_retained_tokens": "--max-retained-tokens",
+    "kv_ram_bytes": "--kv-ram-bytes",
+    "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
 }
 
@@ -75,6 +80,28 @@ def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelS
         value = getattr(opts, field)
         if value is not None:
             argv += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+    return argv
+
+
+def tool_argv(settings: Settings, record: Any) -> list[str]:
+    """The worker's tool-call and thinking flags: the manifest's format and markers, the operator's
+    format plugins, and the replay map's file under the model cache dir (or tool_replay_dir)."""
+    loader = dict(getattr(record, "loader", None) or {})
+    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
+    for key in ("tool_format", "thinking_start", "thinking_end"):
+        if getattr(mine, key) is not None:
+            loader[key] = getattr(mine, key)
+    argv: list[str] = []
+    if loader.get("tool_format"):
+        argv += ["--tool-format", str(loader["tool_format"])]
+    if loader.get("thinking_start") and loader.get("thinking_end"):
+        argv += ["--thinking-start", str(loader["thinking_start"]), "--thinking-end", str(loader["thinking_end"])]
+    if settings.tool_call_formats:
+        argv += ["--tool-call-formats", json.dumps(settings.tool_call_formats)]
+    base = Path(settings.tool_replay_dir).expanduser() if settings.tool_replay_dir else settings.cache_dir() / "tool-replay"
+    argv += ["--tool-replay-path", str(base / f"{slug(record.name)}.sqlite"),
+             "--tool-replay-ttl-ms", str(settings.tool_replay_ttl_ms),
+             "--tool-replay-gc-interval-ms", str(settings.tool_replay_gc_interval_ms)]  # fmt: skip
     return argv
 
 

@@ -36,7 +36,7 @@ from .errors import GatewayError, WorkerCrashed, worker_unavailable
 from .fallbacks import FallbackStore
 from .link import WorkerLink
 from .logging import make_logger
-from .process import WorkerProcess, default_command, ipc_endpoint, worker_argv
+from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, slug, tool_argv, worker_argv
 from .residency import Residency
 from .variants import is_variant, variant_options, with_overrides
 
@@ -66,6 +66,7 @@ class RunningModel(msgspec.Struct):
     extra_buffers: bool | None = None
     engine_reason: str = ""
     weight_buffers: list[str] = []
+    kv_selftest: dict | None = None  # does a saved KV state restore exactly (see EngineInfo)
 
 
 class WorkerHandle:
@@ -131,6 +132,7 @@ class WorkerHandle:
             extra_buffers=h.engine_info.extra_buffers if h.engine_info else None,
             engine_reason=h.engine_info.reason if h.engine_info else "",
             weight_buffers=list(h.engine_info.weight_buffers) if h.engine_info else [],
+            kv_selftest=h.engine_info.kv_selftest if h.engine_info else None,
         )  # fmt: skip
 
     def _expires_at(self) -> float | None:
@@ -168,6 +170,7 @@ class ModelManager:
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
         self.residency = Residency(self, settings, self.log)
+        self.metrics: Any = None  # the app's GatewayMetrics: worker starts and exits are counted there
         self.fallbacks = fallbacks if fallbacks is not None else FallbackStore.in_cache_dir(settings.cache_dir())
         self._failures: dict[str, tuple[int, float, str]] = {}  # name -> (failures in a row, retry at, why)
 
@@ -312,7 +315,9 @@ class ModelManager:
         run_dir = self.settings.run_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         endpoint = ipc_endpoint(run_dir, record.name)
-        proc = WorkerProcess(record.name, worker_argv(self.command, endpoint, record, opts, profile), self.log)
+        argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
+        argv += ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
+        proc = WorkerProcess(record.name, argv, self.log)
         await proc.start()
         link = WorkerLink(
             endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
@@ -345,11 +350,19 @@ class ModelManager:
             await proc.stop(timeout=2.0)
             self.log.error("worker_start_failed", model=record.name, reason=str(exc))
             raise
+        if hello.pid != proc.pid:  # the socket answered, but not from the process started here
+            exited.cancel()
+            await link.close()
+            await proc.stop(timeout=2.0)
+            self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
+            raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
         )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.worker_started(record.name)
         watcher = asyncio.create_task(self._watch(handle, exited), name=f"watch-{record.name}")
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -361,6 +374,8 @@ class ModelManager:
             return
         proc = handle.process
         reason = proc.describe_exit() if proc else "worker exited"
+        if self.metrics is not None:
+            self.metrics.worker_exited(handle.name, proc.returncode if proc else None)
         self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason,
                        worker_output=proc.last_output() if proc else [])  # fmt: skip
         info = handle.hello.engine_info

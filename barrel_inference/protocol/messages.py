@@ -10,7 +10,9 @@ Rules for changing the link:
   bumps PROTOCOL_VERSION; gateway and worker refuse to talk across versions.
 
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
-finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large.
+finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
+tool_call_invalid, forbidden / unsupported_media_type (gateway-side), Submit's tool_choice / parallel_tool_calls /
+template_kwargs / thinking_budget.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "Delta",
     "Usage",
     "Timings",
+    "CacheInfo",
     "Done",
     "Tick",
     "Reply",
@@ -85,9 +88,12 @@ class ErrorCode(str, enum.Enum):
     WORKER_UNAVAILABLE = "worker_unavailable"  # the worker died, stopped answering or could not start
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
+    TOOL_CALL_INVALID = "tool_call_invalid"  # the model wrote a tool call that does not parse or fails its schema
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
+    FORBIDDEN = "forbidden"  # a Host or web Origin this server does not answer (browser safety)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON on a JSON route
     INTERNAL = "internal"
 
 
@@ -169,6 +175,10 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     prompt: str | None = None
     prompt_tokens: list[int] | None = None
     tools: list[dict] | None = None  # JSON-Schema tool definitions, handed to the template
+    tool_choice: str | dict | None = None  # "auto" | "none" | "required" | {"type": "function", "function": {"name": …}}
+    parallel_tool_calls: bool = True  # False: at most one call per turn
+    template_kwargs: dict = {}  # the template's own switches: enable_thinking, reasoning_effort, …
+    thinking_budget: int | None = None  # tokens of thinking before the end marker is forced
     add_generation_prompt: bool = True
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     stop: list[str] = []
@@ -269,6 +279,9 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     system_info: str = ""  # llama.cpp's llama_print_system_info()
     llama_cpp_version: str = ""
     warmup_ms: float = 0.0
+    # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
+    # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
+    kv_selftest: dict | None = None
 
 
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
@@ -345,6 +358,9 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
     n_ctx: int = 0  # the sequence's context (prompt + output)
+    tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
+    cache: str = ""  # how the cached prefix was found (CacheInfo.kind)
+    cache_miss: str = ""  # why a known session reused less than its last turn committed (CacheInfo.miss)
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
@@ -375,6 +391,25 @@ class Timings(msgspec.Struct):
     decode_ms: float = 0.0
 
 
+class CacheInfo(msgspec.Struct, omit_defaults=True):
+    """How a request's prompt prefix was found, and the worker's saved-state tiers after it.
+
+    kind: sticky (the session's own sequence), prefix (an idle cache the prompt extends), copy (a
+    prefix copied from another sequence), ram / disk (a saved state restored), cold (nothing).
+    miss: why a known session reused less than its previous turn committed: "evicted",
+    "diverged-at=<token index>", "template-changed" or "model-reloaded"; empty otherwise.
+    """
+
+    kind: str = "cold"
+    miss: str = ""
+    evaluated_tokens: int = 0  # prompt tokens computed (prompt_tokens - cached_tokens)
+    ram_bytes: int = 0
+    ram_entries: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    evictions: int = 0  # caches taken out of sequences so far (saved to a tier or lost)
+
+
 class Done(msgspec.Struct, omit_defaults=True):
     """A request's end. `finish_reason` is a FinishReason once decoded: an unknown value fails the request."""
 
@@ -384,6 +419,7 @@ class Done(msgspec.Struct, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: Timings = msgspec.field(default_factory=Timings)
     error: ErrorInfo | None = None
+    cache: CacheInfo | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.finish_reason, FinishReason):

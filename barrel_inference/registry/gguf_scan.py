@@ -8,17 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..toolcalls import detect
+from ..toolcalls.reasoning import detect_thinking
 from .gguf_header import read_header
-
-# (format, start marker, end marker, substrings that identify it in a chat template), first match wins
-TOOL_FORMATS: list[tuple[str, str, str, tuple[str, ...]]] = [
-    ("dsml", "<｜DSML｜function_calls>", "</｜DSML｜function_calls>", ("｜DSML｜",)),
-    ("dsml", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")),
-    ("mistral", "[TOOL_CALLS]", "", ("[TOOL_CALLS]",)),
-    ("llama-python-tag", "<|python_tag|>", "<|eom_id|>", ("<|python_tag|>",)),
-    ("qwen-xml", "<tool_call>", "</tool_call>", ("<tool_call>",)),
-]
-THINKING_MARKERS: list[tuple[str, str]] = [("<thinking>", "</thinking>"), ("<think>", "</think>")]
 
 LOADER_PARAMETER_KEYS = {
     # manifest `parameters` key -> loader key it overrides
@@ -35,19 +27,7 @@ LOADER_PARAMETER_KEYS = {
 
 def detect_tool_format(template: str | None) -> dict:
     """{'tool_format', 'tool_call_start', 'tool_call_end'}; all None when the template shows no tool calls."""
-    if template:
-        for fmt, start, end, needles in TOOL_FORMATS:
-            if any(n in template for n in needles):
-                return {"tool_format": fmt, "tool_call_start": start, "tool_call_end": end or None}
-    return {"tool_format": None, "tool_call_start": None, "tool_call_end": None}
-
-
-def detect_thinking(template: str | None) -> dict:
-    if template:
-        for start, end in THINKING_MARKERS:
-            if start in template:
-                return {"thinking_start": start, "thinking_end": end}
-    return {"thinking_start": None, "thinking_end": None}
+    return detect(template)
 
 
 def batch_for_parameters(n_params: int | None) -> int:

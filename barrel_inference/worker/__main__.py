@@ -38,6 +38,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--content-special", type=_truth, default=False, metavar="true|false",
+                   help="parse control tokens inside message contents too (the old, injectable behaviour)")
+    p.add_argument("--max-retained-tokens", type=int, default=None,
+                   help="tokens idle sequences keep in the KV cache together (least recently used dropped first)")
+    p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
     p.add_argument("--engine-profile", choices=("default", "safe"), default="default",
                    help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
@@ -50,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
+    from .toolhook import add_arguments
+
+    add_arguments(p)
     args = p.parse_args(argv)
     if not args.system_info and (not args.bind or not args.model_name):
         p.error("--bind and --model-name are required")
@@ -109,6 +119,8 @@ def main(argv=None) -> int:
     from .engine_profile import resolve
     from .server import WorkerServer
     from .templates import ChatTemplate, TemplateError
+    from .toolhook import from_args as tools_from_args
+    from ..toolcalls import UnknownFormat
     from .warmup import warm_up
 
     t0 = time.perf_counter()
@@ -120,7 +132,8 @@ def main(argv=None) -> int:
         bos = engine.token_text(getattr(engine, "bos", -1)) if hasattr(engine, "bos") else ""
         eos = engine.token_text(getattr(engine, "eos", -1)) if hasattr(engine, "eos") else ""
         template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos)
-    except (EngineError, TemplateError) as exc:
+        tools = tools_from_args(args, engine, template, _log)
+    except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)
         return 2
     n_ctx = min(args.n_ctx, engine.n_ctx)
@@ -145,7 +158,9 @@ def main(argv=None) -> int:
     try:
         server = WorkerServer(
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
-            log=_log, engine_info=info, insecure=args.insecure,
+            log=_log, tools=tools, engine_info=info, insecure=args.insecure, content_special=args.content_special,
+            max_retained_tokens=args.max_retained_tokens, kv_ram_bytes=args.kv_ram_bytes, kv_disk_bytes=args.kv_disk_bytes,
+            kv_dir=args.kv_dir,
             curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
         )  # fmt: skip
     except CurveError as exc:

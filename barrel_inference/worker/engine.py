@@ -120,24 +120,38 @@ def _devices() -> list[dict]:
     return out
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+# candidates checked by the grammar before it sees the whole vocabulary: the best by logit first
+GRAMMAR_STAGES = (64, 4096, 32768)
+
+
 class Sampler:
     """One sequence's sampler chain (owned; free() releases it).
 
     Plain greedy decoding (with at most a logit bias) skips the chain: an argmax over the logits
     in place gives the same token as llama.cpp's greedy sampler (first maximum wins) without
     building a candidate array of the whole vocabulary for every token.
+
+    With a grammar the chain is in three parts (`pre`: logit bias and penalties, `grammar`, `post`:
+    greedy or top-k ... dist) so that the grammar, whose cost grows with the candidates it checks,
+    first checks only the best candidates (see LlamaEngine._sample_constrained).
     """
 
-    __slots__ = ("chain", "greedy_bias")
+    __slots__ = ("chain", "greedy_bias", "pre", "grammar", "post", "greedy", "top_k")
 
     def __init__(self, chain, greedy_bias: tuple[np.ndarray, np.ndarray] | None = None):
         self.chain = chain
         self.greedy_bias = greedy_bias
+        self.pre = self.grammar = self.post = None
+        self.greedy = False
+        self.top_k = 0
 
     def free(self) -> None:
-        if self.chain is not None:
-            L.llama_sampler_free(self.chain)
-            self.chain = None
+        for name in ("chain", "pre", "grammar", "post"):
+            smpl = getattr(self, name)
+            if smpl is not None:
+                L.llama_sampler_free(smpl)
+                setattr(self, name, None)
 
 
 class LlamaEngine:
@@ -176,6 +190,7 @@ class LlamaEngine:
             mp.use_mmap = use_mmap
         if use_mlock is not None:
             mp.use_mlock = use_mlock
+        self.model_path = model_path
         self.model = L.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
             raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")
@@ -197,9 +212,20 @@ class LlamaEngine:
         self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self._piece_cache: dict[int, bytes] = {}
         self._eog = [False] * self.n_vocab
+        self.control_tokens: dict[str, int] = {}  # control tokens by text: recognised in template text only
+        longest = 1
+        control = L.LLAMA_TOKEN_ATTR_CONTROL
         for t in range(self.n_vocab):
             if L.llama_vocab_is_eog(self.vocab, t):
                 self._eog[t] = True
+            text = L.llama_vocab_get_text(self.vocab, t) or b""
+            if L.llama_vocab_get_attr(self.vocab, t) & control:
+                if text:
+                    self.control_tokens.setdefault(text.decode("utf-8", "replace"), t)
+            elif len(text) > longest:
+                longest = len(text)
+        # no token covers more characters than its vocabulary text has bytes (a bound for prompt checks)
+        self.max_token_chars = longest
         self.ctx = None
         self._embed_ctx = None
         self._embed_batch = None
@@ -331,6 +357,104 @@ class LlamaEngine:
         pos_min = self.seq_pos_min(seq)
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
 
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    # ---- saved sequence state -----------------------------------------------------------
+    def state_seq_save(self, seq: int) -> bytearray:
+        """The sequence's KV state as bytes (a copy; the caller owns it)."""
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        if size <= 0:
+            return b""
+        out = bytearray(size)
+        n = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(out), size, seq)
+        del out[n:]
+        return out
+
+    def state_seq_load(self, seq: int, data: bytes) -> bool:
+        """Restore a saved state into seq (cleared first); False when llama.cpp refused it."""
+        self.seq_clear(seq)
+        if not data:
+            return False
+        if isinstance(data, bytearray):  # no copy either way: llama.cpp only reads it
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            data = bytes(data)
+            buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq) == 0:
+            self.seq_clear(seq)
+            return False
+        return True
+
+    def state_key(self) -> dict:
+        """What saved states depend on besides the tokens: the model file and the settings that
+        change the KV contents or the numerics of the computation that made them."""
+        import hashlib
+
+        h = hashlib.sha256()
+        path = self.model_path
+        try:
+            st = os.stat(path)
+            h.update(f"{st.st_size}".encode())
+            with open(path, "rb") as f:
+                h.update(f.read(1 << 20))
+                f.seek(max(0, st.st_size - (1 << 20)))
+                h.update(f.read(1 << 20))
+        except OSError:
+            h.update(path.encode())
+        return {
+            "model": h.hexdigest()[:32], "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
+        }  # fmt: skip
+
+    def state_selftest(self) -> dict:
+        """Save and restore a probe sequence and compare the next token's logits with the run that
+        never left the cache. Returns {"exact_up_to": n or None (no limit), "probes": [...]}.
+
+        Run on an idle context (at load): it uses sequence 0 and clears it after.
+        """
+        lengths = [self.n_swa, self.n_swa + 64] if self.n_swa > 0 else [min(256, self.n_ctx // 2)]
+        lengths = [n for n in lengths if 2 <= n < min(self.n_ctx, self.n_batch * 64) - 1]
+        probes, limit = [], None
+        if not lengths:
+            return {"exact_up_to": limit, "probes": probes}
+        rng = np.random.default_rng(1234)
+        toks = [int(t) for t in rng.integers(0, self.n_vocab, lengths[-1] + 1)]
+        toks = [t if not self._eog[t] else (t + 1) % self.n_vocab for t in toks]
+        try:
+            # one probe sequence grows through every length. At each: save its state, decode the
+            # next token in place (the reference), then clear it, restore the state into the same,
+            # now empty, cells and decode that token again. Where the cells lie changes llama.cpp's
+            # float reductions like a different batch split does, so the test keeps the layout and
+            # asks only whether the saved state holds everything the model attends to.
+            n_done = 0
+            for n in lengths:
+                for start in range(n_done, n, self.n_batch):
+                    part = toks[start : min(n, start + self.n_batch)]
+                    if self.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * len(part)) != 0:
+                        raise EngineError("decode_failed", "the KV self-test's decode failed")
+                state = self.state_seq_save(0)
+                if self.decode([toks[n]], [n], [0], [True]) != 0:
+                    raise EngineError("decode_failed", "the KV self-test's decode failed")
+                ref = self._logits(0).copy()
+                self.seq_clear(0)
+                ok = self.state_seq_load(0, state) and self.decode([toks[n]], [n], [0], [True]) == 0
+                got = self._logits(0) if ok else None
+                exact = bool(ok and np.array_equal(got, ref))
+                probes.append({"tokens": n, "exact": exact, "max_abs_diff": float(np.max(np.abs(got - ref))) if ok else float("inf")})
+                if not exact and limit is None:
+                    limit = max([p["tokens"] for p in probes if p["exact"]], default=0)
+                if not ok:
+                    break
+                n_done = n + 1
+        finally:
+            self.seq_clear(0)
+        return {"exact_up_to": limit, "probes": probes}
+
+    def _logits(self, row: int) -> np.ndarray:
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
         """Mean-pooled, L2-normalised embeddings of texts or token-id lists, from a second context made
@@ -387,39 +511,113 @@ class LlamaEngine:
             items = sorted((t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab)
             bias = (np.array([t for t, _ in items], np.int64), np.array([b for _, b in items], np.float32))
             return Sampler(None, bias)
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        sampler = Sampler(chain)
-        add = lambda smpl: L.llama_sampler_chain_add(chain, smpl)  # noqa: E731
-        if s.logit_bias:
-            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
-            arr = (L.llama_logit_bias * len(items))()
-            for i, (t, bias) in enumerate(items):
-                arr[i].token = t
-                arr[i].bias = bias
-            add(L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
-        if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
-            add(L.llama_sampler_init_penalties(self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
-        if grammar is not None:
-            g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
-            if not g:
-                sampler.free()
-                raise EngineError("grammar_error", "the grammar could not be parsed")
-            add(g)
-        if s.temperature <= 0:
-            add(L.llama_sampler_init_greedy())
-        else:
-            if s.top_k > 0:
-                add(L.llama_sampler_init_top_k(s.top_k))
-            if s.top_p < 1.0:
-                add(L.llama_sampler_init_top_p(s.top_p, 1))
-            if 0.0 < s.typical_p < 1.0:
-                add(L.llama_sampler_init_typical(s.typical_p, 1))
-            if s.min_p > 0.0:
-                add(L.llama_sampler_init_min_p(s.min_p, 1))
-            add(L.llama_sampler_init_temp(s.temperature))
-            seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
-            add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        sampler = Sampler(None)
+        try:
+            pre = self._chain()
+            if s.logit_bias:
+                items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
+                arr = (L.llama_logit_bias * len(items))()
+                for i, (t, bias) in enumerate(items):
+                    arr[i].token = t
+                    arr[i].bias = bias
+                L.llama_sampler_chain_add(pre, L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
+            if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+                L.llama_sampler_chain_add(pre, L.llama_sampler_init_penalties(
+                    self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))  # fmt: skip
+            sampler.pre = pre
+            if grammar is not None:
+                g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+                if not g:
+                    raise EngineError("grammar_error", "the grammar could not be parsed")
+                sampler.grammar = g
+            post = self._chain()
+            sampler.post = post
+            if s.temperature <= 0:
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_greedy())
+                sampler.greedy = True
+            else:
+                if s.top_k > 0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_k(s.top_k))
+                    sampler.top_k = s.top_k
+                if s.top_p < 1.0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_p(s.top_p, 1))
+                if 0.0 < s.typical_p < 1.0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_typical(s.typical_p, 1))
+                if s.min_p > 0.0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_min_p(s.min_p, 1))
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_temp(s.temperature))
+                seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        except BaseException:
+            sampler.free()
+            raise
+        if grammar is None:  # one chain, sampled by llama.cpp as before
+            chain = self._chain()
+            for part in (sampler.pre, sampler.post):
+                while L.llama_sampler_chain_n(part) > 0:
+                    L.llama_sampler_chain_add(chain, L.llama_sampler_chain_remove(part, 0))
+            sampler.free()
+            sampler.chain = chain
         return sampler
+
+    def accept(self, sampler: Sampler, token: int) -> None:
+        """A token chosen without sampling (forced): the chain's grammar and penalties still see it."""
+        for smpl in (sampler.chain, sampler.pre, sampler.grammar, sampler.post):
+            if smpl is not None:
+                L.llama_sampler_accept(smpl, token)
+
+    @staticmethod
+    def _chain():
+        return L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+
+    @staticmethod
+    def _apply(smpl, cand: np.ndarray) -> tuple[int, int]:
+        """Run `smpl` over a candidate array in place; (size after, selected index)."""
+        arr = L.llama_token_data_array(cand.ctypes.data_as(L.llama_token_data_p), len(cand), -1, False)
+        L.llama_sampler_apply(smpl, ctypes.byref(arr))
+        n = int(arr.size)
+        moved = ctypes.cast(arr.data, ctypes.c_void_p).value
+        if n and moved != cand.ctypes.data:  # a sampler moved the data: copy it back
+            cand[:n] = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte)), shape=(n * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+        return n, int(arr.selected)
+
+    def _sample_constrained(self, sampler: Sampler, idx: int) -> int:
+        """A grammar's cost per token grows with the candidates it checks (for a 262k vocabulary and
+        an enum of a few hundred values, seconds). So it checks the best candidates by logit first
+        (GRAMMAR_STAGES), and the whole vocabulary only when too few of those are allowed. Exact:
+        greedy needs one allowed candidate (the best allowed one is the best overall), top-k sampling
+        needs k (the k best allowed ones are the ones top-k keeps); without top-k, the whole vocabulary."""
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+        cand = np.empty(self.n_vocab, _TOKEN_DATA)
+        cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        n, _ = self._apply(sampler.pre, cand)
+        cand = cand[:n]
+        need = 1 if sampler.greedy else sampler.top_k
+        chosen = None
+        if need > 0:
+            for m in GRAMMAR_STAGES:
+                if m >= n or need > m:
+                    break
+                best = np.argpartition(-cand["logit"], m)[:m]
+                sub = cand[best]
+                sub = sub[np.lexsort((sub["id"], -sub["logit"]))]  # best first, ties by id as llama.cpp's greedy
+                self._apply(sampler.grammar, sub)
+                allowed = sub[np.isfinite(sub["logit"])]
+                if len(allowed) >= need:
+                    chosen = allowed
+                    break
+        if chosen is None:
+            self._apply(sampler.grammar, cand)
+            chosen = cand
+        size, selected = self._apply(sampler.post, chosen)
+        if not 0 <= selected < size:
+            raise EngineError("internal", "the sampler selected no token")
+        token = int(chosen["id"][selected])
+        for smpl in (sampler.pre, sampler.grammar, sampler.post):
+            L.llama_sampler_accept(smpl, token)
+        return token
 
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
@@ -429,4 +627,6 @@ class LlamaEngine:
             if len(tokens):
                 logits[tokens] += bias  # this row's logits are ours until the next decode
             return int(logits.argmax())
+        if sampler.grammar is not None:
+            return self._sample_constrained(sampler, idx)
         return L.llama_sampler_sample(sampler.chain, self.ctx, idx)

@@ -121,9 +121,12 @@ class ChatTemplate:
         name = BY_ARCHITECTURE.get(architecture, FALLBACK)
         return cls(BUILTIN[name], name, bos_token, eos_token)
 
-    def render(self, messages: list[ChatMessage], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[ChatMessage], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+               extra: dict | None = None) -> str:  # fmt: skip
+        """extra: the template's own switches (enable_thinking, reasoning_effort, tool_choice, …)."""
         try:
             return self._template.render(
+                **(extra or {}),
                 messages=[message_dict(m) for m in messages],
                 tools=tools or None,
                 add_generation_prompt=add_generation_prompt,

@@ -8,11 +8,16 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
   CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
+  HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
+  SLOW     -> a pause of `slow_s` before the next word (a long prefill)
+  FAIL     -> the request ends with a decode_failed error after the words before it
   NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
-Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
+Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2);
+CountTokens of messages counts the same way.
+An Embed with an input containing STALL is never answered.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, Detokenize, DetokenizeResult, Render, RenderResult,
+    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, CountResult, CountTokens, Detokenize, DetokenizeResult,
+    Render, RenderResult,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -53,6 +59,7 @@ class FakeWorker:
         self.n_seq_max = n_seq_max
         self.tick_s = tick_s
         self.cached_tokens = cached_tokens
+        self.slow_s = 0.3  # the pause of the magic word SLOW
         self.on_crash = on_crash
         self.endpoint = ""
         self.codec = WorkerCodec()
@@ -107,7 +114,7 @@ class FakeWorker:
 
     async def stop(self) -> None:
         await self.kill()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # closes any socket still open (term() would wait on it forever)
 
     async def _send(self, peer: bytes, msg) -> None:
         if self._sock is not None:
@@ -134,7 +141,9 @@ class FakeWorker:
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
             elif isinstance(msg, HelperCall.__args__):
                 self.calls.append(msg)
-                await self._send(peer, self.call(msg))
+                result = self.call(msg)
+                if result is not None:  # None: a call that never ends (until the gateway gives up on it)
+                    await self._send(peer, result)
             elif isinstance(msg, Ping):
                 self.pings += 1
                 if self.answer_pings:
@@ -148,12 +157,17 @@ class FakeWorker:
         if isinstance(msg, GetStats):
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
+        if isinstance(msg, CountTokens):
+            words = sum(len(m.content.split()) for m in msg.messages) if msg.messages is not None else len((msg.text or "").split())
+            return CountResult(id=msg.id, count=words)
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=[self.token_of(w) for w in (msg.text or "").split()])
         if isinstance(msg, Detokenize):
             return DetokenizeResult(id=msg.id, text=" ".join(self.words[t] for t in msg.tokens if 0 <= t < len(self.words)))
         if isinstance(msg, Render):  # the fake chat template: the contents, space-separated
             return RenderResult(id=msg.id, text=" ".join(m.content for m in msg.messages))
+        if isinstance(msg, Embed) and any(isinstance(i, str) and "STALL" in i for i in msg.inputs):
+            return None
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
             if any(isinstance(item, str) and "TOOLONG" in item for item in msg.inputs):
                 return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.CONTEXT_LENGTH, "input is longer than the context", param="input"))
@@ -180,6 +194,14 @@ class FakeWorker:
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
             n = n_calls = 0
             for word in words:
+                if word == "SLOW":
+                    await asyncio.sleep(self.slow_s)
+                    continue
+                if word == "FAIL":
+                    usage.completion_tokens = n
+                    err = ErrorInfo(ErrorCode.DECODE_FAILED, "llama_decode failed (-3); the context was recreated")
+                    await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
+                    return
                 if word == "STALL":
                     await asyncio.Event().wait()
                 if word == "FREEZE":
@@ -207,6 +229,9 @@ class FakeWorker:
                     raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
                     parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
                     n_calls += 1
+                elif word.startswith("HALFCALL:"):
+                    _, name, args = word.split(":", 2)
+                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args)]
                 else:
                     parts = [_part(word, n)]
                 tokens = [self.token_of(word)] if s.want_tokens else []

@@ -23,6 +23,9 @@ TO_WORKER = [
         session="s1",
     ),
     Submit("r2", prompt_tokens=[1, 2, 3], grammar='root ::= "a"', ignore_eos=True, want_tokens=True),
+    Submit("r3", messages=[ChatMessage("user", "hi")], tools=[{"type": "function", "function": {"name": "f"}}],
+           tool_choice={"type": "function", "function": {"name": "f"}}, parallel_tool_calls=False,
+           template_kwargs={"enable_thinking": False, "reasoning_effort": "low"}, thinking_budget=64),  # fmt: skip
     Abort(["r1", "r2"]),
     EndSession("s1"),
     Tokenize("c1", "hello", add_special=False),
@@ -52,6 +55,8 @@ FROM_WORKER = [
     StatsResult(id="c5", stats={"running": 1}),
     EmbedResult(id="c6", embeddings=[[0.6, 0.8]], count=4),
     Tick(done=[Done("r3", FinishReason.TOOL_CALLS)]),
+    Tick(accepted=[Accepted("r4", prompt_tokens=9, tool_replay={"hit": 1, "miss": 1})],
+         done=[Done("r4", FinishReason.ERROR, error=ErrorInfo(ErrorCode.TOOL_CALL_INVALID, "not a declared tool"))]),  # fmt: skip
     Pong(3, running=1, waiting=2),
 ]
 

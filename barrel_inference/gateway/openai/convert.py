@@ -7,12 +7,16 @@ import math
 import struct
 from typing import Any
 
-from ...protocol import ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ToolCall, Usage
+from ...protocol import (
+    ChatMessage, Done, ErrorCode, ErrorInfo, FinishReason, Sampling, Submit, ThinkingPart, ToolCall, ToolCallEnd,
+    ToolCallStart, Usage,
+)  # fmt: skip
 from ..errors import invalid, unsupported
 from ..family import STATUS
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Message
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_TOKEN_ID = 2**31 - 1  # llama_token is an int32  # OpenAI's documented default for /v1/completions
 _ROLES = {"developer": "system", "function": "tool"}
 _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
 
@@ -47,8 +51,8 @@ def sampling_of(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
                 token = int(key)
             except ValueError:
                 raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
-            if token < 0:
-                raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            if token < 0 or token > MAX_TOKEN_ID:
+                raise invalid(f"logit_bias keys must be token ids, got {key[:32]!r}", "logit_bias")
             bias[token] = value
         s.logit_bias = bias
     return s
@@ -111,6 +115,33 @@ def _tools_of(req: ChatCompletionRequest) -> list[dict] | None:
     return list(req.tools)
 
 
+def _tool_choice_of(req: ChatCompletionRequest) -> str | dict | None:
+    """auto / none / required, or {"type": "function", "function": {"name": …}} naming a declared tool."""
+    choice = req.tool_choice
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise invalid("tool_choice must be 'auto', 'none', 'required' or a named function", "tool_choice")
+        if choice == "required" and not req.tools:
+            raise invalid("tool_choice 'required' needs tools", "tool_choice")
+        return choice
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if choice.get("type", "function") != "function" or not isinstance(name, str):
+        raise invalid("a named tool_choice is {'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    if not any(isinstance(t.get("function"), dict) and t["function"].get("name") == name for t in req.tools or []):
+        raise invalid(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _template_kwargs_of(req: ChatCompletionRequest) -> dict:
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs
+
+
 def _schema_of(req: ChatCompletionRequest) -> dict | None:
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -131,6 +162,10 @@ def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
         id=request_id,
         messages=[message_of(m, i) for i, m in enumerate(req.messages)],
         tools=_tools_of(req),
+        tool_choice=_tool_choice_of(req),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        template_kwargs=_template_kwargs_of(req),
+        thinking_budget=req.thinking_budget,
         sampling=sampling_of(req),
         stop=stop_of(req.stop),
         max_tokens=max_tokens,
@@ -166,6 +201,8 @@ def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
             raise unsupported("only one prompt per request is supported", "prompt")
         return prompt[0], None
     if all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in prompt):
+        if any(p > MAX_TOKEN_ID for p in prompt):
+            raise invalid(f"token ids are at most {MAX_TOKEN_ID}", "prompt")
         return None, list(prompt)
     raise invalid("prompt must be a string, a list of one string, or a list of token ids", "prompt")
 
@@ -190,7 +227,31 @@ def usage_json(usage: Usage) -> dict:
     }
 
 
-def chat_response(request_id: str, model: str, created: int, text: str, done: Done) -> dict:
+CALL_PREFIX = "call_"
+
+
+def tool_calls_json(parts: list) -> list[dict]:
+    """The completed tool calls among `parts`, as OpenAI's message.tool_calls."""
+    calls: dict[int, dict] = {}
+    ended: set[int] = set()
+    for p in parts:
+        if type(p) is ToolCallStart:
+            calls[p.index] = {"id": CALL_PREFIX + p.id, "type": "function", "function": {"name": p.name, "arguments": ""}}
+        elif type(p) is ToolCallEnd and p.index in calls:
+            calls[p.index]["function"]["arguments"] = p.arguments
+            ended.add(p.index)
+    return [calls[i] for i in sorted(ended)]  # a call without its end never completed: not a call
+
+
+def chat_response(request_id: str, model: str, created: int, text: str, done: Done, parts: list | None = None) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    thinking = "".join(p.text for p in parts or [] if type(p) is ThinkingPart)
+    if thinking:
+        message["reasoning_content"] = thinking
+    calls = tool_calls_json(parts or [])
+    if calls:
+        message["tool_calls"] = calls
+        message["content"] = text or None
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -199,7 +260,7 @@ def chat_response(request_id: str, model: str, created: int, text: str, done: Do
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason_of(done),
             }

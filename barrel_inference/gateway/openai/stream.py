@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from ...protocol import Delta, Done, ErrorInfo, TextPart, ThinkingPart
-from .convert import error_body, finish_reason_of, usage_json
+from ...protocol import Delta, Done, ErrorInfo, TextPart, ThinkingPart, ToolCallArgs, ToolCallStart
+from .convert import CALL_PREFIX, error_body, finish_reason_of, usage_json
 
 DONE_LINE = b"data: [DONE]\n\n"
 _encode = msgspec.json.Encoder().encode
@@ -54,6 +54,9 @@ class _Encoder:
     def thinking(self, text: str) -> bytes:
         return b""
 
+    def tool_call(self, part) -> bytes:
+        return b""
+
     def event(self, delta: Delta) -> bytes:
         out = b""
         for part in delta.parts:
@@ -61,6 +64,8 @@ class _Encoder:
                 out += self.text(part.text)
             elif type(part) is ThinkingPart:
                 out += self.thinking(part.text)
+            else:
+                out += self.tool_call(part)
         return out
 
     def finish(self, done: Done) -> bytes:
@@ -91,6 +96,18 @@ class ChatStreamEncoder(_Encoder):
             return b""
         choice = {"index": 0, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
         return sse(self._chunk([choice]))
+
+
+    def tool_call(self, part) -> bytes:
+        """A call's start (id, name) and its argument text as `delta.tool_calls` entries."""
+        if type(part) is ToolCallStart:
+            entry = {"index": part.index, "id": CALL_PREFIX + part.id, "type": "function",
+                     "function": {"name": part.name, "arguments": ""}}  # fmt: skip
+        elif type(part) is ToolCallArgs:
+            entry = {"index": part.index, "function": {"arguments": part.text}}
+        else:
+            return b""
+        return sse(self._chunk([{"index": 0, "delta": {"tool_calls": [entry]}, "logprobs": None, "finish_reason": None}]))
 
 
 class CompletionStreamEncoder(_Encoder):
