@@ -39,7 +39,7 @@ async def gw():
         registry = StubRegistry(StubRecord("m:latest", loader={"n_ctx": 32768}))
         models = ModelManager(settings, registry, logger=logs.logger, worker_command=FAKE_CMD, extra_args=["--argv-file", str(argv_file)])
         app = create_app(settings, registry=registry, models=models, logger=logs.logger)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=20)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test", timeout=20)
         yield client, models, argv_file
         await client.aclose()
         await models.aclose()
