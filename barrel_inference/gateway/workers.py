@@ -75,6 +75,7 @@ class WorkerHandle:
         self.hello = hello
         self.process = process
         self.started_at = time.time()
+        self.load_seconds: float | None = None  # spawn to hello (load and warm-up), for a spawned worker
         self.limit = max(1, hello.n_seq_max) + max(0, max_queue)
         self.in_flight = 0
         self.unloading = False
@@ -284,6 +285,7 @@ class ModelManager:
         argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
         argv += ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
         proc = WorkerProcess(record.name, argv, self.log)
+        spawned = time.monotonic()
         await proc.start()
         link = WorkerLink(
             endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
@@ -323,6 +325,7 @@ class ModelManager:
             self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
             raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
+        handle.load_seconds = round(time.monotonic() - spawned, 3)
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
