@@ -73,7 +73,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # settings a running daemon re-reads from its config file on SIGHUP
-RELOADABLE = ("aliases", "anthropic_api_keys")
+# keys SIGHUP re-reads; a running model whose engine settings (defaults / models) changed restarts
+# with them once idle; queue limits apply to the next request
+RELOADABLE = ("aliases", "anthropic_api_keys", "defaults", "models", "max_queue")
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
@@ -120,6 +122,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     responses_store_max_bytes: int = 256 * 1024 * 1024  # least recently used out first past this
     heartbeat_interval: float = 5.0  # seconds between pings to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long (no tick, reply or pong) is lost and restarted
+    drain_timeout: float = 30.0  # on SIGTERM: seconds running requests may take to finish before they are ended
     worker_start_timeout: float = 120.0
     remote_connect_timeout: float = 10.0  # a worker at a configured endpoint must answer within this
     curve_secret_key: str | None = None  # the gateway's CURVE secret key file, for workers with a server_key

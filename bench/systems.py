@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from barrel_inference.hostinfo import has_amx
+
 import aiohttp
 
 from .procs import peak_rss
@@ -166,6 +168,9 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
         "-b", str(shape.n_batch), "-ub", str(shape.n_batch),
         # built-in gemma template (with jinja on, --chat-template would be read as Jinja text)
         "--no-jinja", "--chat-template", "gemma", "--no-webui", "--alias", "bench",
+        # on CPUs with AMX llama.cpp's repacked (AMX) weight layouts crash it: the same choice as our
+        # extra_buffers = "auto" (no repack there), so both run the same kernels
+        *(["--no-repack"] if has_amx() else []),
     ]  # fmt: skip
     return Server(
         name="llama-server",

@@ -183,7 +183,7 @@ def _shutdown(state: State, config, pid_file, timeout) -> None:
 
 
 def _daemon_options(f):
-    f = click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait before killing the daemon.")(f)
+    f = click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait before killing the daemon (it drains running requests for drain_timeout, 30 s by default, first).")(f)
     f = click.option("--pid-file", type=click.Path(dir_okay=False), help="The pid file `serve --detach` wrote.")(f)
     f = click.option("--config", "config", type=click.Path(dir_okay=False))(f)
     return f

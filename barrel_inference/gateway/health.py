@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -21,7 +23,26 @@ async def metrics(request: Request) -> Response:
     admission = getattr(state, "admission", None)
     if admission is not None:
         state.metrics.refresh(admission.depths().items())
+    await _worker_figures(state)
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+
+async def _worker_figures(state) -> None:
+    """Sequences busy / free and KV cells used of every running worker (a GetStats each, bounded in time)."""
+    handles = list(state.models.handles())
+
+    async def one(handle):
+        try:
+            result = await handle.call(GetStats(id=""), 2.0)
+        except (GatewayError, asyncio.TimeoutError):
+            return
+        if getattr(result, "error", None) is None and result.stats:
+            state.metrics.worker_figures(handle.name, result.stats)
+
+    await asyncio.gather(*(one(h) for h in handles))
+    for h in handles:
+        if getattr(h, "load_seconds", None) is not None:
+            state.metrics.worker_load_seconds.labels(h.name).set(h.load_seconds)
 
 
 async def stats(request: Request) -> Response:

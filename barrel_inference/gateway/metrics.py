@@ -64,6 +64,9 @@ class GatewayMetrics:
         self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "kind"], registry=r)
         self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "cause"], registry=r)  # fmt: skip
         self._started: set[str] = set()
+        self.sequences = Gauge(P + "sequences", "The worker's sequences by state (busy: a request runs on it; free)", ["model", "state"], registry=r)
+        self.kv_cells_used = Gauge(P + "kv_cells_used", "KV cache cells in use (running requests' tokens and idle sequences' retained ones)", ["model"], registry=r)  # fmt: skip
+        self.worker_load_seconds = Gauge(P + "worker_load_seconds", "How long the running worker took from spawn to ready (load and warm-up)", ["model"], registry=r)  # fmt: skip
         self.embedded_inputs = Counter(P + "embedding_inputs", "Texts embedded", ["model"], registry=r)
         self.build_info = Gauge(P + "build_info", "The daemon's build: its version, llama.cpp's and the engine profile setting",
                                 ["version", "llama_cpp_version", "engine_profile"], registry=r)  # fmt: skip
@@ -99,6 +102,14 @@ class GatewayMetrics:
                         if key not in seen:
                             seen.add(key)
                             metric.remove(*key)
+
+    def worker_figures(self, model: str, stats: dict) -> None:
+        """Gauges from one worker's GetStats answer (read when /metrics is scraped)."""
+        total, busy = int(stats.get("n_seq_max", 0)), int(stats.get("seqs_busy", 0))
+        self.sequences.labels(model, "busy").set(busy)
+        self.sequences.labels(model, "free").set(max(0, total - busy))
+        if "kv_cells_used" in stats:
+            self.kv_cells_used.labels(model).set(stats["kv_cells_used"])
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
         """Set the waiting gauge from (model, queue depth) pairs."""

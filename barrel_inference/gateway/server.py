@@ -16,6 +16,7 @@ from hypercorn.config import Config
 from ..config import Settings
 from .aliases import apply_overrides
 from .app import create_app
+from .drain import drain
 from .logging import configure_process_logging, make_logger, stdlib_logger
 from .ports import check_free
 from .runtime import RuntimeLock
@@ -92,7 +93,8 @@ def hypercorn_config(settings: Settings, log=None) -> Config:
     return config
 
 
-async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs) -> None:
+async def serve(settings: Settings, shutdown_event: asyncio.Event, reload: Callable[[], Settings] | None = None,
+                **app_kwargs) -> None:
     """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers.
 
     The daemon holds its runtime dir's lock throughout (RuntimeDirBusy when another one has it)."""
@@ -102,7 +104,29 @@ async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs)
         app = create_app(settings, logger=log, **app_kwargs)
         log.info("gateway_listening", url=settings.base_url(), pid=os.getpid(), runtime_dir=str(settings.run_dir()))
         _install_connection_cap()
-        await hypercorn_serve(app, hypercorn_config(settings, log), shutdown_trigger=shutdown_event.wait)
+        drained = asyncio.Event()
+
+        async def drain_on_shutdown() -> None:
+            await shutdown_event.wait()
+            try:
+                await drain(app.state, settings.drain_timeout, log)
+            finally:
+                drained.set()
+
+        draining = asyncio.create_task(drain_on_shutdown(), name="drain")
+        if reload is not None:
+            def on_hup() -> None:
+                changed = reload_config(settings, reload, log)
+                if {"defaults", "models"} & set(changed):
+                    restarting = app.state.models.reconfigure()
+                    if restarting:
+                        log.info("engine_settings_changed", models=restarting)
+
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
+        try:
+            await hypercorn_serve(app, hypercorn_config(settings, log), shutdown_trigger=drained.wait)
+        finally:
+            draining.cancel()
 
 
 def reload_config(settings: Settings, load: Callable[[], Settings], log) -> list[str]:
@@ -128,9 +152,6 @@ def run(settings: Settings, reload: Callable[[], Settings] | None = None) -> Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        if reload is not None:
-            log = make_logger(settings)
-            loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(settings, reload, log))
-        await serve(settings, stop)
+        await serve(settings, stop, reload=reload)
 
     asyncio.run(main())

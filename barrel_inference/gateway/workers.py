@@ -79,6 +79,7 @@ class WorkerHandle:
         self.hello = hello
         self.process = process
         self.started_at = time.time()
+        self.load_seconds: float | None = None  # spawn to hello (load and warm-up), for a spawned worker
         self.limit = max(1, hello.n_seq_max) + max(0, max_queue)
         self.in_flight = 0
         self.unloading = False
@@ -87,6 +88,9 @@ class WorkerHandle:
         self.expires_at: float | None = None
         self.last_used = time.time()
         self.on_release: Any = None
+        self.opts: Any = None  # the engine options it was started with (None: a worker that runs elsewhere)
+        self.stale = False  # its engine settings changed in a config reload: restart it once idle
+        self.on_idle: Any = None  # called when a stale handle's last request ends
 
     @property
     def alive(self) -> bool:
@@ -115,6 +119,8 @@ class WorkerHandle:
         self.in_flight -= 1
         if self.on_release is not None:
             self.on_release(self, done.id)
+        if self.stale and self.in_flight == 0 and self.on_idle is not None:
+            self.on_idle(self)
 
     async def call(self, call: HelperCall, timeout: float = 30.0) -> Any:
         return await self.link.call(call, timeout)
@@ -172,7 +178,8 @@ class ModelManager:
         self.residency = Residency(self, settings, self.log)
         self.metrics: Any = None  # the app's GatewayMetrics: worker starts and exits are counted there
         self.fallbacks = fallbacks if fallbacks is not None else FallbackStore.in_cache_dir(settings.cache_dir())
-        self._failures: dict[str, tuple[int, float, str]] = {}  # name -> (failures in a row, retry at, why)
+        self._failures: dict[str, tuple[int, float, str]] = {}
+        self._retiring: dict[str, asyncio.Task] = {}  # model -> the stop of a worker retired by a reload  # name -> (failures in a row, retry at, why)
 
     # ---- lookup -----------------------------------------------------------------------
     async def resolve(self, name: str) -> Any:
@@ -252,6 +259,9 @@ class ModelManager:
 
     async def _spawn(self, record: Any, opts: Any, timeout: float) -> WorkerHandle:
         """Start the model's worker: the remembered profile, else default then safe after a crash."""
+        retiring = self._retiring.get(record.name)
+        if retiring is not None:
+            await asyncio.shield(retiring)
         self._check_backoff(record.name)
         remembered = self.fallbacks.get(record)
         profile = "safe" if remembered else "default"
@@ -293,6 +303,30 @@ class ModelManager:
             self.log.warning("insecure_worker_link", model=name, endpoint=opts.endpoint)
         return None
 
+    def reconfigure(self) -> list[str]:
+        """After a config reload: a running model whose engine settings changed is stopped once it is
+        idle (at once if it is), so that its next request starts it with the new settings. Streams
+        that run keep their worker until they end. Returns the models that will restart."""
+        stale = []
+        for handle in list(self._handles.values()):
+            if handle.opts is None or handle.stale:
+                continue
+            if engine_options(self.settings, handle.record) != handle.opts:
+                handle.stale = True
+                handle.on_idle = self._retire
+                stale.append(handle.name)
+                if handle.in_flight == 0:
+                    self._retire(handle)
+        return stale
+
+    def _retire(self, handle: WorkerHandle) -> None:
+        if self._handles.get(handle.name) is handle:
+            del self._handles[handle.name]
+            self.log.info("worker_retired", model=handle.name, reason="engine settings changed")
+            task = asyncio.create_task(self._stop(handle, "engine settings changed"))
+            self._retiring[handle.name] = task  # its successor starts once it is gone (same socket path)
+            task.add_done_callback(lambda t, name=handle.name: self._retiring.pop(name, None))
+
     def _check_backoff(self, name: str) -> None:
         failed = self._failures.get(name)
         if failed is None:
@@ -318,6 +352,7 @@ class ModelManager:
         argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
         argv += ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
         proc = WorkerProcess(record.name, argv, self.log)
+        spawned = time.monotonic()
         await proc.start()
         link = WorkerLink(
             endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
@@ -357,6 +392,8 @@ class ModelManager:
             self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
             raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
+        handle.load_seconds = round(time.monotonic() - spawned, 3)
+        handle.opts = opts
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,

@@ -236,8 +236,9 @@ class Capture:
         self._buf = ""
         self.state = State.TEXT
         if not fmt.start or not buf.startswith(fmt.start):  # a marker-less reply that is not a call stays text
-            if cut:
-                self._text(buf)
+            if cut:  # a format holding the whole reply (generic) keeps only an answer's text, never a call's start
+                partial = getattr(fmt, "partial_text", None)
+                self._text(partial(buf.encode()) if partial is not None else buf)
                 return
             try:
                 calls = fmt.parse(buf.encode())

@@ -10,9 +10,13 @@ object, as llama-server's generic handler does:
 from __future__ import annotations
 
 import json
+import re
 
 from ..protocol import ToolCall
 from .base import ToolCallFormat, ToolCallParseError, arguments_object, call_from_object, dumps, loads_object, named_call_schema, tool_name
+
+
+_RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*"((?:[^"\\]|\\.)*)', re.S)
 
 
 class Generic(ToolCallFormat):
@@ -45,6 +49,20 @@ class Generic(ToolCallFormat):
             return None
         resp = value.get("response")
         return resp if isinstance(resp, str) and len(value) == 1 else None
+
+    def partial_text(self, span: bytes) -> str:
+        """A reply cut by the token limit: the answer so far of a {"response": "…"} reply, else nothing
+        (the start of a call is never text)."""
+        m = _RESPONSE_START.match(self.text_of(span))
+        if m is None:
+            return ""
+        body = m.group(1)
+        for cut in range(len(body), max(-1, len(body) - 12), -1):  # drop a half-written escape at the end
+            try:
+                return json.loads('"' + body[:cut] + '"')
+            except ValueError:
+                continue
+        return ""
 
     def render(self, calls: list[ToolCall]) -> bytes:
         objs = [f'{{"name": {dumps(c.name)}, "arguments": {dumps(arguments_object(c))}}}' for c in calls]

@@ -370,6 +370,8 @@ class Scheduler:
             "waiting": self.n_waiting,
             "n_seq_max": len(self.pool),
             "seqs_busy": self.pool.n_busy,
+            # KV cells in use: the running requests' committed tokens plus what idle sequences retain
+            "kv_cells_used": sum(r.n_past for r in self.active) + self.pool.retained(),
             "requests_total": self.n_requests,
             "aborts_total": self.n_aborts,
             "decode_failures": self.n_decode_failures,

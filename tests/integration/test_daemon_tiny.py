@@ -219,3 +219,24 @@ def test_bictl_embed_against_the_daemon(daemon):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "dim=64" in out.stdout
+
+
+async def test_metrics_show_each_workers_sequences_kv_cells_and_load_time(daemon):
+    import re
+
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as c:
+        r = await c.post("/v1/chat/completions", json=chat("metrics please", max_tokens=6))
+        assert r.status_code == 200
+        text = (await c.get("/metrics")).text
+
+    def value(pattern: str) -> float:
+        m = re.search(pattern + r" ([0-9.e+]+)", text)
+        assert m, pattern
+        return float(m.group(1))
+
+    busy = value(r'barrel_inference_sequences\{model="tiny:latest",state="busy"\}')
+    free = value(r'barrel_inference_sequences\{model="tiny:latest",state="free"\}')
+    assert busy + free == 2 and free >= 1  # n_seq_max = 2; the finished request freed its sequence
+    assert value(r'barrel_inference_kv_cells_used\{model="tiny:latest"\}') > 0  # the idle sequence keeps its prefix
+    assert value(r'barrel_inference_worker_load_seconds\{model="tiny:latest"\}') > 0
+    assert 'barrel_inference_worker_starts_total{kind="first",model="tiny:latest"}' in text

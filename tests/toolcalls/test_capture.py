@@ -233,3 +233,17 @@ def test_ordinary_patterns_are_checked(pattern):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}}}
     v = ToolValidator([tool])
     assert v.error(ToolCall("f", '{"s": "~~~"}')) is not None
+
+
+@pytest.mark.parametrize(
+    "reply, text",
+    [
+        ('{"tool_call": {"name": "get_weather", "argu', []),  # the start of a call is never text
+        ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par', []),
+        ('{"response": "It is sunny in \\"Par', [TextPart('It is sunny in "Par')]),  # an answer keeps its text
+        ('{"response": "line\\', [TextPart("line")]),  # a half-written escape is dropped
+    ],
+)
+def test_generic_reply_cut_by_max_tokens_leaks_no_json(reply, text):
+    parts, finish, _ = run("generic", [reply.encode()], reason=FinishReason.LENGTH)
+    assert parts == text and finish is FinishReason.LENGTH
