@@ -47,6 +47,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
+    # true: control tokens are parsed inside message contents too (a user's "<start_of_turn>" opens a
+    # turn); the default recognises them in the chat template's own text only
+    content_special: bool | None = None
     # that worker's CURVE public key file (NAME.key from `bictl worker keygen`): the gateway talks
     # only to a worker holding the matching secret key, over an encrypted link
     server_key: str | None = None
@@ -110,6 +113,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     tool_replay_dir: str | None = None  # default: <model_cache_dir>/tool-replay
     tool_replay_ttl_ms: int = 30 * 24 * 3600 * 1000
     tool_replay_gc_interval_ms: int = 3600 * 1000
+    pull_allow_private: bool = False  # pulls of URLs on loopback, private or link-local addresses
+    # browser safety: Host names answered besides loopback names, IP literals and this machine's name
+    # ("*": any), and web origins allowed besides localhost ones ("*": any)
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
+    # HTTP server: seconds an idle connection, or one still sending its request head, stays open;
+    # open connections at most (beyond it: 503 and close); bytes of a request head at most
+    keep_alive_timeout: float = 30.0
+    max_connections: int = 1024
+    max_header_bytes: int = 65536
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:
@@ -123,12 +136,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
 
     def run_dir(self) -> Path:
+        """Worker sockets, the pid file and the daemon's lock. The default is per port, so that two
+        daemons on one machine never share worker sockets; an explicit runtime_dir is used as given."""
         if self.runtime_dir:
             return Path(self.runtime_dir).expanduser()
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         if xdg:
-            return Path(xdg) / "barrel-inference"
-        return Path(f"/tmp/barrel-inference-{os.getuid()}")
+            return Path(xdg) / "barrel-inference" / str(self.port)
+        return Path(f"/tmp/barrel-inference-{os.getuid()}") / str(self.port)
 
     def model_settings(self, name: str) -> ModelSettings:
         """The operator's settings for `name` over the built-in ones (the manifest not consulted)."""

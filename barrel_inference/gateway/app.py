@@ -21,6 +21,8 @@ from .errors import GatewayError
 from .family import Families, Family
 from .logging import make_logger
 from .metrics import GatewayMetrics
+from .outcomes import OutcomeCounter
+from .security import BrowserGuard
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
@@ -69,7 +71,12 @@ class ErrorMiddleware:
             self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
             if started:
                 return
-            info = exc.info if isinstance(exc, GatewayError) else ErrorInfo(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            if isinstance(exc, GatewayError):
+                info = exc.info
+            elif isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
+                info = ErrorInfo(ErrorCode.INVALID_REQUEST, "the request body is nested too deeply")
+            else:  # the details are in the log line above, never in the answer
+                info = ErrorInfo(ErrorCode.INTERNAL, "internal error")
             await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
 
 
@@ -164,8 +171,11 @@ def create_app(
     app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
     app.state.families = families
+    models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins, families=families)
+    app.add_middleware(OutcomeCounter, metrics=app.state.metrics, routes=app.routes)
     return app
 
 

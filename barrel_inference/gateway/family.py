@@ -10,6 +10,7 @@ override a code's status: Anthropic answers overload with 529). Paths no family 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -29,6 +30,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.QUEUE_TIMEOUT: 504,
@@ -64,12 +67,18 @@ class Family:
                 best = len(p)
         return best
 
-    def error_response(self, info: ErrorInfo, *, status: int | None = None, headers: dict | None = None) -> Response:
+    def error_response(
+        self, info: ErrorInfo, *, status: int | None = None, headers: dict | None = None, retry_after: float | None = None
+    ) -> Response:
         status = status or self.status(info.code)
         headers = dict(headers or {})
         if status in (503, 504, 529) or info.code in (ErrorCode.OVERLOADED, ErrorCode.QUEUE_TIMEOUT):
-            headers.setdefault("retry-after", str(RETRY_AFTER_S))
+            headers.setdefault("retry-after", str(max(RETRY_AFTER_S, math.ceil(retry_after or 0))))
         return JSONBody(self.render_error(info, status), status_code=status, headers=headers)
+
+    def error(self, exc: Any, *, headers: dict | None = None) -> Response:
+        """A GatewayError in this family's envelope (its retry_after, where known, in the header)."""
+        return self.error_response(exc.info, headers=headers, retry_after=getattr(exc, "retry_after", None))
 
 
 DEFAULT_FAMILY = Family("default", ())

@@ -37,7 +37,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..protocol import Accepted, Delta, Done, ErrorCode, ErrorInfo, FinishReason, Submit
-from .errors import GatewayError, with_retry_after
+from .errors import GatewayError
 from .family import Family
 from .generation import Generation, Result, record_rejected
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
@@ -149,7 +149,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         model = adapter.model(req)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     except ClientDisconnect:
         return Response(status_code=499)
     stream = adapter.streaming(req)
@@ -158,7 +158,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     try:
         gen = await until_disconnect(request, opening)
     except GatewayError as exc:
-        return family.error_response(exc.info, headers=with_retry_after(headers, exc))
+        return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
@@ -171,7 +171,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return Response(status_code=499)
     except GatewayError as exc:
         gen.close(exc)
-        return family.error_response(exc.info, headers=headers)
+        return family.error(exc, headers=headers)
     finally:
         gen.close()
     if (info := done_error(result.done)) is not None:

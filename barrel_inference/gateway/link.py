@@ -189,9 +189,10 @@ class WorkerLink:
         self._check_alive()
         if submit.id in self._streams:
             raise GatewayError(ErrorCode.INVALID_REQUEST, f"request id {submit.id!r} is already in flight")
+        body = self._encode(submit)
         stream = RequestStream(submit.id, self.abort)
         self._streams[submit.id] = stream
-        self._send(submit)
+        self._outbox.put_nowait(body)
         return stream
 
     def abort(self, ids: list[str]) -> None:
@@ -207,9 +208,10 @@ class WorkerLink:
         self._check_alive()
         if not call.id or call.id in self._calls:
             call = msgspec.structs.replace(call, id=f"call-{next(self._call_ids)}")
+        body = self._encode(call)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._calls[call.id] = (REPLY_OF[type(call)], fut)
-        self._send(call)
+        self._outbox.put_nowait(body)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -231,6 +233,14 @@ class WorkerLink:
 
     def _send(self, msg: ToWorker) -> None:
         self._outbox.put_nowait(self._codec.encode(msg))
+
+    def _encode(self, msg: ToWorker) -> bytes:
+        """A client's request as link bytes; what msgpack cannot carry (an integer beyond 64 bits
+        anywhere in a schema or tool) is the client's error, not the server's."""
+        try:
+            return self._codec.encode(msg)
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"the request holds a value this server cannot carry: {exc}") from None
 
     # ---- loops ------------------------------------------------------------------------
     async def _send_loop(self) -> None:

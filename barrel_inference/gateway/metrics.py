@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -30,6 +31,24 @@ class GatewayMetrics:
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between generated tokens", ["model"], buckets=_ITL_BUCKETS, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "Request start to end", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Time a request waited in the worker before its prefill", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.http_responses = Counter(P + "http_responses", "HTTP answers of every route by status (refusals and 500s included)", ["route", "method", "status"], registry=r)  # fmt: skip
+        self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "kind"], registry=r)
+        self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "cause"], registry=r)  # fmt: skip
+        self._started: set[str] = set()
+
+    def worker_started(self, model: str) -> None:
+        self.worker_starts.labels(model, "restart" if model in self._started else "first").inc()
+        self._started.add(model)
+
+    def worker_exited(self, model: str, returncode: int | None) -> None:
+        if returncode is not None and returncode < 0:
+            try:
+                cause = signal.Signals(-returncode).name
+            except ValueError:
+                cause = f"signal {-returncode}"
+        else:
+            cause = f"exit {returncode}"
+        self.worker_exits.labels(model, cause).inc()
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
         """Set the waiting gauge from (model, queue depth) pairs."""

@@ -45,6 +45,7 @@ _FLAGS = {
     "main_gpu": "--main-gpu",
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
+    "content_special": "--content-special",
     "extra_buffers": "--extra-buffers",
 }
 

@@ -6,12 +6,69 @@ import asyncio
 import os
 import signal
 
+from hypercorn.asyncio import run as hypercorn_run
 from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.config import Config
 
 from ..config import Settings
 from .app import create_app
 from .logging import configure_process_logging, make_logger
+from .runtime import RuntimeLock
+
+
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 51\r\nconnection: close\r\n\r\n" \
+       b'{"error": "too many open connections; retry later"}'
+
+
+class ConnectionGate:
+    """At most `limit` connections open at once (counted for the life of each connection)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def enter(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
+
+
+class CappedTCPServer(TCPServer):
+    """hypercorn's connection handler, refusing connections beyond the config's ConnectionGate.
+
+    hypercorn has no connection cap of its own; its asyncio runner looks this class up by name, so
+    `_install_connection_cap` puts it there. A config without a `connection_gate` runs as before."""
+
+    async def run(self) -> None:
+        gate = getattr(self.config, "connection_gate", None)
+        if gate is None:
+            await super().run()
+            return
+        if not gate.enter():
+            try:
+                self.writer.write(BUSY)
+                await self.writer.drain()
+                self.writer.write_eof()
+                await asyncio.wait_for(self.reader.read(65536), 0.2)  # what the client sent, so closing does not reset
+            except (OSError, RuntimeError, asyncio.TimeoutError):
+                pass
+            finally:
+                self.writer.close()
+            return
+        try:
+            await super().run()
+        finally:
+            gate.leave()
+
+
+def _install_connection_cap() -> None:
+    if hypercorn_run.TCPServer is TCPServer:
+        hypercorn_run.TCPServer = CappedTCPServer
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -21,16 +78,25 @@ def hypercorn_config(settings: Settings) -> Config:
     config.accesslog = None  # the gateway writes its own line per request
     config.errorlog = "-"
     config.graceful_timeout = 5.0
-    config.keep_alive_timeout = 75.0  # clients reuse connections across turns
+    # hypercorn's idle timer runs from a connection's start (and each response's end) until a
+    # request's head is complete: it bounds both keep-alive and how long a head may take (slowloris)
+    config.keep_alive_timeout = settings.keep_alive_timeout
+    config.h11_max_incomplete_size = settings.max_header_bytes
+    config.backlog = min(2048, max(100, settings.max_connections))
+    config.connection_gate = ConnectionGate(settings.max_connections)
     return config
 
 
 async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs) -> None:
-    """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers."""
+    """Serve until `shutdown_event` is set; the app's lifespan starts and stops the workers.
+
+    The daemon holds its runtime dir's lock throughout (RuntimeDirBusy when another one has it)."""
     log = app_kwargs.pop("logger", None) or make_logger(settings)
-    app = create_app(settings, logger=log, **app_kwargs)
-    log.info("gateway_listening", url=settings.base_url(), pid=os.getpid())
-    await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
+    with RuntimeLock(settings.run_dir()):
+        app = create_app(settings, logger=log, **app_kwargs)
+        log.info("gateway_listening", url=settings.base_url(), pid=os.getpid(), runtime_dir=str(settings.run_dir()))
+        _install_connection_cap()
+        await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
 
 
 def run(settings: Settings) -> None:

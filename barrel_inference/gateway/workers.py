@@ -132,7 +132,7 @@ class ModelManager:
         logger: Any = None,
         worker_command: Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
-        heartbeat: tuple[float, float] = (5.0, 30.0),
+        heartbeat: tuple[float, float] | None = None,
         stop_timeout: float = 10.0,
         ctx: zmq.asyncio.Context | None = None,
         fallbacks: FallbackStore | None = None,
@@ -141,13 +141,15 @@ class ModelManager:
         self.registry = registry
         self.log = logger if logger is not None else make_logger(settings)
         self.command = list(worker_command or default_command()) + list(extra_args)
-        self.heartbeat = heartbeat  # (interval, timeout) of pings to a worker that runs elsewhere
+        # (interval, timeout) of pings to every worker: one silent past the timeout is lost (and restarted)
+        self.heartbeat = heartbeat or (settings.heartbeat_interval, settings.heartbeat_timeout)
         self.stop_timeout = stop_timeout  # SIGTERM, then SIGKILL after this many seconds
         self._ctx = ctx
         self._handles: dict[str, WorkerHandle] = {}
         self._starting: dict[str, asyncio.Task[WorkerHandle]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._closed = False
+        self.metrics: Any = None  # the app's GatewayMetrics: worker starts and exits are counted there
         self.fallbacks = fallbacks if fallbacks is not None else FallbackStore.in_cache_dir(settings.cache_dir())
         self._failures: dict[str, tuple[int, float, str]] = {}  # name -> (failures in a row, retry at, why)
 
@@ -280,7 +282,10 @@ class ModelManager:
         argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
         proc = WorkerProcess(record.name, argv, self.log)
         await proc.start()
-        link = WorkerLink(endpoint, name=record.name, ctx=self._ctx, logger=self.log)
+        link = WorkerLink(
+            endpoint, name=record.name, ctx=self._ctx, heartbeat_interval=self.heartbeat[0],
+            heartbeat_timeout=self.heartbeat[1], on_lost=self._on_link_lost, logger=self.log,
+        )  # fmt: skip
         connecting = asyncio.create_task(link.connect(timeout))
         exited = asyncio.create_task(proc.wait())
         try:
@@ -308,11 +313,19 @@ class ModelManager:
             await proc.stop(timeout=2.0)
             self.log.error("worker_start_failed", model=record.name, reason=str(exc))
             raise
+        if hello.pid != proc.pid:  # the socket answered, but not from the process started here
+            exited.cancel()
+            await link.close()
+            await proc.stop(timeout=2.0)
+            self.log.error("worker_start_failed", model=record.name, reason="foreign_worker", endpoint=endpoint, pid=hello.pid)
+            raise worker_unavailable(f"the worker socket for {record.name} is served by another process, not the worker this gateway started")
         handle = WorkerHandle(record, link, hello, proc, self.settings.max_queue)
         self.log.info(
             "worker_ready", model=record.name, pid=proc.pid, endpoint=endpoint, n_ctx=hello.n_ctx,
             n_seq_max=hello.n_seq_max, chat_template=hello.chat_template,
         )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.worker_started(record.name)
         watcher = asyncio.create_task(self._watch(handle, exited), name=f"watch-{record.name}")
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -324,6 +337,8 @@ class ModelManager:
             return
         proc = handle.process
         reason = proc.describe_exit() if proc else "worker exited"
+        if self.metrics is not None:
+            self.metrics.worker_exited(handle.name, proc.returncode if proc else None)
         self.log.error("worker_died", model=handle.name, in_flight=handle.in_flight, reason=reason,
                        worker_output=proc.last_output() if proc else [])  # fmt: skip
         info = handle.hello.engine_info
@@ -341,7 +356,19 @@ class ModelManager:
             if handle.link is link:
                 self.log.error("worker_lost", model=handle.name, reason=reason)
                 self._forget(handle)
+                if handle.process is not None and handle.process.returncode is None and not self._closed:
+                    self._spawn_task(self._restart_hung(handle))
         self._spawn_task(link.close(reason))
+
+    async def _restart_hung(self, handle: WorkerHandle) -> None:
+        """A worker process that stopped answering is killed and a fresh one started in its place."""
+        handle.unloading = True  # its exit is this restart, not a crash
+        await handle.process.stop(timeout=1.0)
+        self.log.warning("worker_restart", model=handle.name, pid=handle.process.pid, reason="stopped answering")
+        try:
+            await self.get(handle.name)
+        except Exception as exc:  # noqa: BLE001 - the next request tries again
+            self.log.error("worker_restart_failed", model=handle.name, error=str(exc))
 
     def _forget(self, handle: WorkerHandle) -> None:
         if self._handles.get(handle.name) is handle:

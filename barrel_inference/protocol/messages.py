@@ -90,6 +90,8 @@ class ErrorCode(str, enum.Enum):
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
+    FORBIDDEN = "forbidden"  # a Host or web Origin this server does not answer (browser safety)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON on a JSON route
     INTERNAL = "internal"
 
 

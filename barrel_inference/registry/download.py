@@ -26,6 +26,10 @@ _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 Progress = Callable[[int, int | None], None]
 
 
+class _WrongMagic(Exception):
+    pass
+
+
 def _seed(part: Path) -> tuple["hashlib._Hash", int]:
     h = hashlib.sha256()
     n = 0
@@ -51,8 +55,12 @@ async def download(
     progress: Progress | None = None,
     retries: int = 3,
     what: str = "download",
+    magic: bytes | None = None,
 ) -> tuple[str, int]:
-    """Download `url` into `part` (resuming what is there); return (sha256 hex, size). Raises RegistryError."""
+    """Download `url` into `part` (resuming what is there); return (sha256 hex, size). Raises RegistryError.
+
+    With `magic`, a download from the start is stopped as soon as its first bytes differ (not_gguf):
+    a large file of the wrong kind is never fetched in full."""
     part.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
     if expected_size is not None and have > expected_size:
@@ -102,17 +110,26 @@ async def download(
             if progress:
                 progress(have, total)
             dropped: BaseException | None = None
+            check_magic = magic if have == 0 else None
+            wrong_kind = False
             with open(part, mode) as f:
                 buf = bytearray()
                 try:
                     async for chunk in resp.content.iter_chunked(CHUNK):
                         buf += chunk
+                        if check_magic is not None and len(buf) >= len(check_magic):
+                            if bytes(buf[: len(check_magic)]) != check_magic:
+                                buf.clear()
+                                raise _WrongMagic()
+                            check_magic = None
                         if len(buf) >= WRITE_AT:
                             await asyncio.to_thread(_write, f, h, bytes(buf))
                             have += len(buf)
                             buf.clear()
                         if progress:
                             progress(have + len(buf), total)
+                except _WrongMagic:
+                    wrong_kind = True
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                     dropped = exc  # what arrived before the drop is a valid prefix: keep it
                 finally:
@@ -122,6 +139,9 @@ async def download(
                         have += len(buf)
                     f.flush()
                     os.fsync(f.fileno())
+            if wrong_kind:  # stopped after its first bytes; nothing of it is kept or echoed
+                part.unlink(missing_ok=True)
+                raise RegistryError("not_gguf", f"{what}: the file is not a GGUF file; the download was stopped", url=url)
             if dropped is not None:
                 failures += 1
                 if failures > retries:

@@ -7,6 +7,7 @@ _STATUS = {
     "model_not_found": 404,
     "enoent": 404,
     "invalid_name": 400,
+    "forbidden_address": 403,
     "unsupported_spec": 400,
     "bad_hf_spec": 400,
     "bad_ollama_spec": 400,

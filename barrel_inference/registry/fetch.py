@@ -7,10 +7,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .errors import RegistryError
-from .httpclient import HTTPClient, status_error
+from .httpclient import AddressGuard, HTTPClient, status_error
 from .download import Progress, download
 from .layout import CacheLayout, atomic_write_json, bare_hex, is_sha256
 from .specs import FileSpec, HFSpec, OllamaSpec, Spec, URLSpec, pick_gguf
@@ -52,7 +52,9 @@ class Fetcher:
         self.ollama_registry = (getattr(settings, "ollama_registry", None) or "https://registry.ollama.ai").rstrip("/")
         self.ollama_search_url = (getattr(settings, "ollama_search_url", None) or "https://ollama.com").rstrip("/")
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
-        self.http = HTTPClient(token=token, token_origin=self.hf_endpoint if token else None)
+        trusted = [urlsplit(u).hostname for u in (self.hf_endpoint, self.ollama_registry, self.ollama_search_url)]
+        guard = AddressGuard(trusted, allow_private=bool(getattr(settings, "pull_allow_private", False)))
+        self.http = HTTPClient(token=token, token_origin=self.hf_endpoint if token else None, guard=guard)
 
     async def close(self) -> None:
         await self.http.close()
@@ -201,13 +203,14 @@ class Fetcher:
             return plan.sha256, size, None
         part = layout.part_path(plan.key)
         digest, size = await download(
-            self.http, plan.url, part, expected_sha256=plan.sha256, expected_size=plan.size, progress=progress, what=f"pulling {plan.key}"
-        )
+            self.http, plan.url, part, expected_sha256=plan.sha256, expected_size=plan.size, progress=progress, what=f"pulling {plan.key}",
+            magic=b"GGUF",
+        )  # fmt: skip
         with open(part, "rb") as f:
             magic = f.read(4)
-        if magic != b"GGUF":
+        if magic != b"GGUF":  # what was fetched is never echoed: it may be a private page's content
             part.unlink(missing_ok=True)
-            raise RegistryError("not_gguf", f"{plan.key} is not a GGUF file (it starts with {magic!r}); the download was discarded")
+            raise RegistryError("not_gguf", f"{plan.key} is not a GGUF file; the download was discarded")
         return digest, size, part
 
     def write_ref(self, layout: CacheLayout, plan: Plan, digest: str | None) -> None:

@@ -7,6 +7,7 @@ import re
 from .errors import RegistryError
 
 DEFAULT_TAG = "latest"
+MAX_NAME = 256  # a whole name; its parts become directories and file names in the cache
 _PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -14,6 +15,8 @@ _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 def split_name(name: str) -> tuple[str, str]:
     """'gemma3:270m' -> ('gemma3', '270m'); 'gemma3' -> ('gemma3', 'latest'). Validates both parts."""
     raw = name
+    if len(name) > MAX_NAME:
+        raise RegistryError("invalid_name", f"a model name is at most {MAX_NAME} characters, got {len(name)}", name=raw[:64] + "…")
     name = name.strip()
     # the tag is after the last ':' that follows the last '/', so 'host:port/x' keeps its port
     slash = name.rfind("/")

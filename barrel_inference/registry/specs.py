@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from .errors import RegistryError
 from .names import DEFAULT_TAG, sanitize_part, sanitize_tag
 
+MAX_SPEC = 2048  # a path or URL longer than this is no file name the system would accept either
 QUANT_PREFERENCE = ("Q4_K_M", "Q5_K_M", "Q4_0", "Q8_0")
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)(?![A-Za-z0-9])", re.I)
 _SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.I)
@@ -176,6 +177,8 @@ def parse_spec(text: str) -> Spec:
     """Parse a pull spec; raises RegistryError with code unsupported_spec / bad_hf_spec / bad_ollama_spec / enoent."""
     raw = text
     text = (text or "").strip()
+    if len(text) > MAX_SPEC:
+        raise RegistryError("unsupported_spec", f"a model spec is at most {MAX_SPEC} characters, got {len(text)}", spec=text[:64] + "…")
     if not text:
         raise RegistryError("unsupported_spec", "an empty model spec; give a name, hf://…, ollama://…, https://… or a path", spec=raw)
     lower = text.lower()

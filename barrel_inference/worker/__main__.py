@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
+    p.add_argument("--content-special", type=_truth, default=False, metavar="true|false",
+                   help="parse control tokens inside message contents too (the old, injectable behaviour)")
     p.add_argument("--engine-profile", choices=("default", "safe"), default="default",
                    help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
     try:
         server = WorkerServer(
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
-            log=_log, tools=tools, engine_info=info, insecure=args.insecure,
+            log=_log, tools=tools, engine_info=info, insecure=args.insecure, content_special=args.content_special,
             curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
         )  # fmt: skip
     except CurveError as exc:

@@ -120,24 +120,38 @@ def _devices() -> list[dict]:
     return out
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+# candidates checked by the grammar before it sees the whole vocabulary: the best by logit first
+GRAMMAR_STAGES = (64, 4096, 32768)
+
+
 class Sampler:
     """One sequence's sampler chain (owned; free() releases it).
 
     Plain greedy decoding (with at most a logit bias) skips the chain: an argmax over the logits
     in place gives the same token as llama.cpp's greedy sampler (first maximum wins) without
     building a candidate array of the whole vocabulary for every token.
+
+    With a grammar the chain is in three parts (`pre`: logit bias and penalties, `grammar`, `post`:
+    greedy or top-k ... dist) so that the grammar, whose cost grows with the candidates it checks,
+    first checks only the best candidates (see LlamaEngine._sample_constrained).
     """
 
-    __slots__ = ("chain", "greedy_bias")
+    __slots__ = ("chain", "greedy_bias", "pre", "grammar", "post", "greedy", "top_k")
 
     def __init__(self, chain, greedy_bias: tuple[np.ndarray, np.ndarray] | None = None):
         self.chain = chain
         self.greedy_bias = greedy_bias
+        self.pre = self.grammar = self.post = None
+        self.greedy = False
+        self.top_k = 0
 
     def free(self) -> None:
-        if self.chain is not None:
-            L.llama_sampler_free(self.chain)
-            self.chain = None
+        for name in ("chain", "pre", "grammar", "post"):
+            smpl = getattr(self, name)
+            if smpl is not None:
+                L.llama_sampler_free(smpl)
+                setattr(self, name, None)
 
 
 class LlamaEngine:
@@ -197,9 +211,20 @@ class LlamaEngine:
         self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self._piece_cache: dict[int, bytes] = {}
         self._eog = [False] * self.n_vocab
+        self.control_tokens: dict[str, int] = {}  # control tokens by text: recognised in template text only
+        longest = 1
+        control = L.LLAMA_TOKEN_ATTR_CONTROL
         for t in range(self.n_vocab):
             if L.llama_vocab_is_eog(self.vocab, t):
                 self._eog[t] = True
+            text = L.llama_vocab_get_text(self.vocab, t) or b""
+            if L.llama_vocab_get_attr(self.vocab, t) & control:
+                if text:
+                    self.control_tokens.setdefault(text.decode("utf-8", "replace"), t)
+            elif len(text) > longest:
+                longest = len(text)
+        # no token covers more characters than its vocabulary text has bytes (a bound for prompt checks)
+        self.max_token_chars = longest
         self.ctx = None
         self._embed_ctx = None
         self._embed_batch = None
@@ -387,42 +412,111 @@ class LlamaEngine:
             items = sorted((t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab)
             bias = (np.array([t for t, _ in items], np.int64), np.array([b for _, b in items], np.float32))
             return Sampler(None, bias)
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        sampler = Sampler(chain)
-        add = lambda smpl: L.llama_sampler_chain_add(chain, smpl)  # noqa: E731
-        if s.logit_bias:
-            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
-            arr = (L.llama_logit_bias * len(items))()
-            for i, (t, bias) in enumerate(items):
-                arr[i].token = t
-                arr[i].bias = bias
-            add(L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
-        if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
-            add(L.llama_sampler_init_penalties(self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
-        if grammar is not None:
-            g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
-            if not g:
-                sampler.free()
-                raise EngineError("grammar_error", "the grammar could not be parsed")
-            add(g)
-        if s.temperature <= 0:
-            add(L.llama_sampler_init_greedy())
-        else:
-            if s.top_k > 0:
-                add(L.llama_sampler_init_top_k(s.top_k))
-            if s.top_p < 1.0:
-                add(L.llama_sampler_init_top_p(s.top_p, 1))
-            if s.min_p > 0.0:
-                add(L.llama_sampler_init_min_p(s.min_p, 1))
-            add(L.llama_sampler_init_temp(s.temperature))
-            seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
-            add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        sampler = Sampler(None)
+        try:
+            pre = self._chain()
+            if s.logit_bias:
+                items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
+                arr = (L.llama_logit_bias * len(items))()
+                for i, (t, bias) in enumerate(items):
+                    arr[i].token = t
+                    arr[i].bias = bias
+                L.llama_sampler_chain_add(pre, L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
+            if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+                L.llama_sampler_chain_add(pre, L.llama_sampler_init_penalties(
+                    self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))  # fmt: skip
+            sampler.pre = pre
+            if grammar is not None:
+                g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+                if not g:
+                    raise EngineError("grammar_error", "the grammar could not be parsed")
+                sampler.grammar = g
+            post = self._chain()
+            sampler.post = post
+            if s.temperature <= 0:
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_greedy())
+                sampler.greedy = True
+            else:
+                if s.top_k > 0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_k(s.top_k))
+                    sampler.top_k = s.top_k
+                if s.top_p < 1.0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_p(s.top_p, 1))
+                if s.min_p > 0.0:
+                    L.llama_sampler_chain_add(post, L.llama_sampler_init_min_p(s.min_p, 1))
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_temp(s.temperature))
+                seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
+                L.llama_sampler_chain_add(post, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        except BaseException:
+            sampler.free()
+            raise
+        if grammar is None:  # one chain, sampled by llama.cpp as before
+            chain = self._chain()
+            for part in (sampler.pre, sampler.post):
+                while L.llama_sampler_chain_n(part) > 0:
+                    L.llama_sampler_chain_add(chain, L.llama_sampler_chain_remove(part, 0))
+            sampler.free()
+            sampler.chain = chain
         return sampler
 
     def accept(self, sampler: Sampler, token: int) -> None:
         """A token chosen without sampling (forced): the chain's grammar and penalties still see it."""
-        if sampler.chain is not None:
-            L.llama_sampler_accept(sampler.chain, token)
+        for smpl in (sampler.chain, sampler.pre, sampler.grammar, sampler.post):
+            if smpl is not None:
+                L.llama_sampler_accept(smpl, token)
+
+    @staticmethod
+    def _chain():
+        return L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+
+    @staticmethod
+    def _apply(smpl, cand: np.ndarray) -> tuple[int, int]:
+        """Run `smpl` over a candidate array in place; (size after, selected index)."""
+        arr = L.llama_token_data_array(cand.ctypes.data_as(L.llama_token_data_p), len(cand), -1, False)
+        L.llama_sampler_apply(smpl, ctypes.byref(arr))
+        n = int(arr.size)
+        moved = ctypes.cast(arr.data, ctypes.c_void_p).value
+        if n and moved != cand.ctypes.data:  # a sampler moved the data: copy it back
+            cand[:n] = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte)), shape=(n * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+        return n, int(arr.selected)
+
+    def _sample_constrained(self, sampler: Sampler, idx: int) -> int:
+        """A grammar's cost per token grows with the candidates it checks (for a 262k vocabulary and
+        an enum of a few hundred values, seconds). So it checks the best candidates by logit first
+        (GRAMMAR_STAGES), and the whole vocabulary only when too few of those are allowed. Exact:
+        greedy needs one allowed candidate (the best allowed one is the best overall), top-k sampling
+        needs k (the k best allowed ones are the ones top-k keeps); without top-k, the whole vocabulary."""
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+        cand = np.empty(self.n_vocab, _TOKEN_DATA)
+        cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        n, _ = self._apply(sampler.pre, cand)
+        cand = cand[:n]
+        need = 1 if sampler.greedy else sampler.top_k
+        chosen = None
+        if need > 0:
+            for m in GRAMMAR_STAGES:
+                if m >= n or need > m:
+                    break
+                best = np.argpartition(-cand["logit"], m)[:m]
+                sub = cand[best]
+                sub = sub[np.lexsort((sub["id"], -sub["logit"]))]  # best first, ties by id as llama.cpp's greedy
+                self._apply(sampler.grammar, sub)
+                allowed = sub[np.isfinite(sub["logit"])]
+                if len(allowed) >= need:
+                    chosen = allowed
+                    break
+        if chosen is None:
+            self._apply(sampler.grammar, cand)
+            chosen = cand
+        size, selected = self._apply(sampler.post, chosen)
+        if not 0 <= selected < size:
+            raise EngineError("internal", "the sampler selected no token")
+        token = int(chosen["id"][selected])
+        for smpl in (sampler.pre, sampler.grammar, sampler.post):
+            L.llama_sampler_accept(smpl, token)
+        return token
 
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
@@ -432,4 +526,6 @@ class LlamaEngine:
             if len(tokens):
                 logits[tokens] += bias  # this row's logits are ours until the next decode
             return int(logits.argmax())
+        if sampler.grammar is not None:
+            return self._sample_constrained(sampler, idx)
         return L.llama_sampler_sample(sampler.chain, self.ctx, idx)

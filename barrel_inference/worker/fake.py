@@ -31,7 +31,7 @@ class FakeEngine:
     add_bos = False
     n_swa = 0
 
-    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, **_):
+    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0, **_):
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx
         self.n_seq_max = n_seq_max
@@ -39,6 +39,8 @@ class FakeEngine:
         self.n_vocab = 257
         self.tick_seconds = 1.0 / tps if tps > 0 else 0.0
         self._text = TEXT.encode()
+        self.embed_seconds = embed_seconds  # time each embedding input takes
+        self.max_token_chars = 1
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
@@ -79,6 +81,8 @@ class FakeEngine:
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
         vecs, total = [], 0
         for t in texts:
+            if self.embed_seconds:
+                time.sleep(self.embed_seconds)
             toks = list(t) if isinstance(t, list) else self.tokenize(t)
             counts = [0.0] * 8
             for b in toks:

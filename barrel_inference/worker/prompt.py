@@ -1,4 +1,10 @@
-"""Turning a Submit into prompt tokens: template rendering, tokenization and the context check."""
+"""Turning a Submit into prompt tokens: template rendering, tokenization and the context check.
+
+Runs on the worker's preparation threads, never on the scheduler's. What grows with the input is
+bounded before it is computed: a prompt longer (in characters) than n_ctx tokens of the
+vocabulary's longest token could hold is refused without tokenising it, and a grammar or schema
+beyond the bounds of `grammar.GrammarLimits` is refused before it is converted or compiled.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import msgspec
 
 from ..protocol import ErrorCode, Submit
 from .engine_api import Engine, EngineError
+from .grammar import GrammarLimits, GrammarRefused, check_gbnf, check_schema
+from .segments import Markers, align, tokenize_segments
 from .templates import ChatTemplate, TemplateError
 
 
@@ -19,11 +27,16 @@ class PromptError(Exception):
 
 
 class PromptBuilder:
-    def __init__(self, engine: Engine, template: ChatTemplate, n_ctx: int, model: str):
+    def __init__(self, engine: Engine, template: ChatTemplate, n_ctx: int, model: str, *,
+                 content_special: bool = False, grammar_limits: GrammarLimits = GrammarLimits()):  # fmt: skip
         self.engine = engine
         self.template = template
         self.n_ctx = n_ctx
         self.model = model
+        self.content_special = content_special  # the old behaviour: control tokens parsed inside contents too
+        self.grammar_limits = grammar_limits
+        # a token covers at most this many characters: longer texts cannot fit in n_ctx tokens
+        self.max_chars = n_ctx * max(1, int(getattr(engine, "max_token_chars", 64)))
 
     def render(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None) -> str:
         try:
@@ -31,11 +44,37 @@ class PromptBuilder:
         except TemplateError as exc:
             raise PromptError(ErrorCode.TEMPLATE, str(exc), "messages") from exc
 
-    def tokenize_rendered(self, text: str) -> list[int]:
-        """Rendered chat text: BOS is added unless the template already wrote it."""
+    def _add_bos(self, text: str) -> bool:
         bos = self.template.bos_token
-        add = self.engine.add_bos and not (bos and text.startswith(bos))
-        return self.engine.tokenize(text, add_special=add, parse_special=True)
+        return self.engine.add_bos and not (bos and text.startswith(bos))
+
+    def tokenize_rendered(self, text: str) -> list[int]:
+        """Rendered chat text parsed as a whole (control tokens anywhere); BOS unless the template wrote it."""
+        return self.engine.tokenize(text, add_special=self._add_bos(text), parse_special=True)
+
+    def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None) -> list[int]:
+        """The chat prompt with control tokens recognised in the template's text only."""
+        plain = self.render(messages, tools, add_generation_prompt, extra)
+        self.check_chars(len(plain), "messages")
+        special = getattr(self.engine, "control_tokens", None)
+        if self.content_special or special is None:
+            return self.tokenize_rendered(plain)
+        markers = Markers()
+        segments = align(markers.split(self.render(markers.messages(messages), tools, add_generation_prompt, extra)), plain)
+        tokens = tokenize_segments(segments, special, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+        bos = getattr(self.engine, "bos", -1)
+        if self._add_bos(plain) and bos >= 0:
+            tokens.insert(0, bos)
+        return tokens
+
+    def check_chars(self, n_chars: int, param: str) -> None:
+        if n_chars > self.max_chars:
+            raise PromptError(
+                ErrorCode.CONTEXT_LENGTH,
+                f"This model's maximum context length is {self.n_ctx} tokens. However, your prompt has {n_chars} characters, "
+                f"more than {self.n_ctx} tokens can hold. Shorten the prompt or load {self.model} with a larger n_ctx.",
+                param,
+            )
 
     def tokens(self, msg: Submit, plan=None) -> list[int]:
         """plan: the tool setup of a chat request (worker.toolhook.Plan): the messages, tools and
@@ -43,16 +82,21 @@ class PromptBuilder:
         if msg.messages is not None:
             if not msg.messages:
                 raise PromptError(ErrorCode.INVALID_REQUEST, "messages must not be empty", "messages")
+            chars = sum(len(m.content) + len(m.thinking or "") + sum(len(c.arguments) for c in m.tool_calls) for m in msg.messages)
+            self.check_chars(chars, "messages")
             if plan is not None:
                 text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
                 toks = self.spliced(text, msg, plan)
                 if toks is None:
-                    toks = self.tokenize_rendered(text)
+                    toks = self.tokenize_messages(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
             else:
-                toks = self.tokenize_rendered(self.render(msg.messages, msg.tools, msg.add_generation_prompt))
+                toks = self.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)
         elif msg.prompt is not None:
+            self.check_chars(len(msg.prompt), "prompt")
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)
         elif msg.prompt_tokens is not None:
+            if len(msg.prompt_tokens) >= self.n_ctx:
+                raise PromptError(ErrorCode.CONTEXT_LENGTH, self._too_long(len(msg.prompt_tokens)), "prompt")
             bad = [t for t in msg.prompt_tokens if not 0 <= t < self.engine.n_vocab]
             if bad:
                 raise PromptError(ErrorCode.INVALID_REQUEST, f"token id {bad[0]} is outside the vocabulary (0..{self.engine.n_vocab - 1})", "prompt")
@@ -62,12 +106,7 @@ class PromptBuilder:
         if not toks:
             raise PromptError(ErrorCode.INVALID_REQUEST, "the prompt is empty", "prompt")
         if len(toks) >= self.n_ctx:
-            raise PromptError(
-                ErrorCode.CONTEXT_LENGTH,
-                f"This model's maximum context length is {self.n_ctx} tokens. However, your prompt has "
-                f"{len(toks)} tokens, leaving no room for a reply. Shorten the prompt or load {self.model} with a larger n_ctx.",
-                "messages" if msg.messages is not None else "prompt",
-            )
+            raise PromptError(ErrorCode.CONTEXT_LENGTH, self._too_long(len(toks)), "messages" if msg.messages is not None else "prompt")
         return toks
 
     def spliced(self, plain: str, msg: Submit, plan) -> list[int] | None:
@@ -103,12 +142,25 @@ class PromptBuilder:
                 out += self.engine.tokenize("", add_special=True, parse_special=True)
         return out
 
+    def _too_long(self, n: int) -> str:
+        return (f"This model's maximum context length is {self.n_ctx} tokens. However, your prompt has "
+                f"{n} tokens, leaving no room for a reply. Shorten the prompt or load {self.model} with a larger n_ctx.")  # fmt: skip
+
     def grammar(self, msg: Submit) -> str | None:
-        if msg.grammar is not None:
-            return msg.grammar
-        if msg.json_schema is not None:
-            try:
-                return self.engine.grammar_from_schema(msg.json_schema)
-            except EngineError as exc:
-                raise PromptError(ErrorCode.GRAMMAR, str(exc), "response_format") from exc
+        try:
+            if msg.grammar is not None:
+                check_gbnf(msg.grammar, self.grammar_limits, "grammar")
+                return msg.grammar
+            if msg.json_schema is not None:
+                check_schema(msg.json_schema, self.grammar_limits, "response_format")
+                try:
+                    text = self.engine.grammar_from_schema(msg.json_schema)
+                except EngineError as exc:
+                    raise PromptError(ErrorCode.GRAMMAR, str(exc), "response_format") from exc
+                except RecursionError as exc:
+                    raise PromptError(ErrorCode.GRAMMAR, "response_format JSON schema is nested too deeply to enforce", "response_format") from exc
+                check_gbnf(text, self.grammar_limits, "response_format")
+                return text
+        except GrammarRefused as exc:
+            raise PromptError(ErrorCode.GRAMMAR, str(exc), exc.param) from exc
         return None

@@ -40,6 +40,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.n_requests = 0
         self.n_decode_failures = 0
+        self.waker: Callable[[], None] | None = None  # wakes the thread's I/O poll when another thread posts
 
     # ---- called from other threads ------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -55,6 +56,8 @@ class Scheduler:
         with self._cond:
             self._inbox.append(item)
             self._cond.notify()
+        if self.waker is not None:
+            self.waker()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="scheduler", daemon=True)
@@ -130,7 +133,8 @@ class Scheduler:
             self.waiting.popleft()
             req.seq = lease.seq
             try:
-                req.sampler = self.engine.make_sampler(req.sampling, req.grammar)
+                if req.sampler is None:  # the worker's server builds it off this thread; in-process users may not
+                    req.sampler = self.engine.make_sampler(req.sampling, req.grammar)
             except Exception as exc:  # this request's sampler only: the others go on
                 self._release_seq(req.seq, None)
                 req.seq = -1

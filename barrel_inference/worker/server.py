@@ -6,6 +6,12 @@ thread, no hand-over between threads and no GIL ping-pong on the token path. Cal
 render, stats) are answered between ticks. Embeddings run on a thread of their own (the engine
 gives them their own context): the scheduler thread only hands an Embed over and, later, forwards
 its reply, so embedding never holds up a tick. The main thread only waits for a stop signal.
+
+Nothing else whose cost grows with the input runs on the scheduler thread either: a Submit's
+rendering, tokenising and grammar (bounded, converted and compiled into its sampler) are prepared
+on a preparation thread, and so are the Tokenize, Render and CountTokens calls. Their results come
+back through an outbox the scheduler thread sends from (a pipe wakes it). An Abort reaches work
+still being prepared: such a request ends with Done(abort) instead of being scheduled.
 """
 
 from __future__ import annotations
@@ -13,15 +19,17 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
 import zmq
 
 from ..protocol import (
-    PROTOCOL_VERSION, Abort, Connect, CountResult, CountTokens, Detokenize, DetokenizeResult, Embed, EmbedResult,
-    EndSession, EngineInfo, ErrorCode, ErrorInfo, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult, Submit,
-    Tick, Tokenize, TokenizeResult, WorkerCodec,
+    PROTOCOL_VERSION, Abort, Connect, CountResult, CountTokens, Detokenize, DetokenizeResult, Done, Embed, EmbedResult,
+    EndSession, EngineInfo, ErrorCode, ErrorInfo, FinishReason, GetStats, Hello, Ping, Pong, Render, RenderResult, StatsResult,
+    Submit, Tick, Tokenize, TokenizeResult, WorkerCodec,
 )  # fmt: skip
 from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError
@@ -37,7 +45,8 @@ IDLE_POLL_MS = 200
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
                  n_ctx: int, prefill_chunk: int = 256, log=None, tools=None, engine_info: EngineInfo | None = None,
-                 curve: tuple[str, str] | None = None, insecure: bool = False):  # fmt: skip
+                 curve: tuple[str, str] | None = None, insecure: bool = False,
+                 content_special: bool = False, prep_threads: int = 2):  # fmt: skip
         if bind.startswith("tcp://") and curve is None and not insecure:
             raise ValueError(
                 f"refusing to serve {bind} without CURVE keys: anyone who reaches the port could drive the model; "
@@ -56,9 +65,17 @@ class WorkerServer:
         self.log = log or (lambda *a, **k: None)
         self.codec = WorkerCodec()
         self.zctx = zmq.Context.instance()
-        self.prompts = PromptBuilder(engine, template, n_ctx, model)
+        self.prompts = PromptBuilder(engine, template, n_ctx, model, content_special=content_special)
         self.tools = tools  # toolhook.ModelTools: tool calls and thinking; None: plain text
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
+        self._prep = ThreadPoolExecutor(max(1, prep_threads), thread_name_prefix="prepare")
+        self._lock = threading.Lock()
+        self._pending: set[tuple[bytes, str]] = set()  # (peer, id) being prepared off the scheduler thread
+        self._cancelled: set[tuple[bytes, str]] = set()
+        self._outbox: deque[tuple[bytes, object]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
         self._replies: zmq.Socket | None = None  # PULL: replies finished off the scheduler thread
@@ -75,9 +92,10 @@ class WorkerServer:
 
     def _pump(self, block: bool) -> None:
         router, replies = self._router, self._replies
-        if block and not self._poller.poll(IDLE_POLL_MS):
+        if block and not self._outbox and not self._poller.poll(IDLE_POLL_MS):
             self._check_parent()
             return
+        self._drain_wake()
         while True:  # replies computed elsewhere (embeddings): forward them
             try:
                 peer, body = replies.recv_multipart(zmq.NOBLOCK)
@@ -94,7 +112,34 @@ class WorkerServer:
             reply = self.handle(peer, body)
             if reply is not None:
                 router.send_multipart([peer, self.codec.encode(reply)])
+        self._flush_outbox()
         self._check_parent()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: the scheduler thread is being woken anyway
+
+    def _post_out(self, peer: bytes, msg) -> None:
+        """From a preparation thread: a reply the scheduler thread sends."""
+        self._outbox.append((peer, msg))
+        self._wake()
+
+    def _flush_outbox(self) -> None:
+        while self._outbox:
+            peer, msg = self._outbox.popleft()
+            try:
+                self._router.send_multipart([peer, self.codec.encode(msg)], zmq.NOBLOCK)
+            except zmq.Again:
+                self.log("send_dropped", peer=peer.hex())
 
     def _check_parent(self) -> None:
         if self.watch_parent is not None and os.getppid() != self.watch_parent:
@@ -120,11 +165,14 @@ class WorkerServer:
         self._poller = zmq.Poller()
         self._poller.register(router, zmq.POLLIN)
         self._poller.register(replies, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self.scheduler.waker = self._wake
         self.log("worker_ready", bind=self.bind, model=self.model, pid=os.getpid(), curve=self.curve is not None)
         try:
             self.scheduler.run(self._pump)  # returns after stop(), having aborted what was in flight
         finally:
             self.embedder.stop()
+            self._prep.shutdown(wait=False, cancel_futures=True)
             router.close(0)
             replies.close(0)
             if auth is not None:
@@ -184,13 +232,20 @@ class WorkerServer:
         if isinstance(msg, Submit):
             return self._submit(peer, msg)
         if isinstance(msg, Abort):
+            with self._lock:
+                self._cancelled.update(k for k in ((peer, i) for i in msg.ids) if k in self._pending)
             self.scheduler.abort(msg.ids)
             self.embedder.cancel(msg.ids)
             return None
         if isinstance(msg, Embed):
             return self._embed(peer, msg)
-        if isinstance(msg, (Tokenize, Detokenize, Render, CountTokens, GetStats)):
+        if isinstance(msg, GetStats):
             return self._call(msg)
+        if isinstance(msg, (Tokenize, Detokenize, Render, CountTokens)):
+            if not self._begin(msg.id, peer):
+                return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, f"id {msg.id!r} is already in flight", param="id"))
+            self._prep.submit(self._off_thread_call, peer, msg)
+            return None
         if isinstance(msg, Ping):
             return Pong(msg.nonce, self.scheduler.n_running, self.scheduler.n_waiting)
         if isinstance(msg, Connect):
@@ -199,31 +254,96 @@ class WorkerServer:
             self.scheduler.end_session(msg.session)
         return None
 
+    # ---- off the scheduler thread ----------------------------------------------------------
+    def _begin(self, rid: str, peer: bytes) -> bool:
+        with self._lock:
+            if (peer, rid) in self._pending:
+                return False
+            self._pending.add((peer, rid))
+            return True
+
+    def _end(self, rid: str, peer: bytes) -> bool:
+        """Forget `rid`; True when it was aborted meanwhile."""
+        key = (peer, rid)
+        with self._lock:
+            self._pending.discard(key)
+            if key in self._cancelled:
+                self._cancelled.discard(key)
+                return True
+            return False
+
+    def cancelled(self, rid: str, peer: bytes) -> bool:
+        return (peer, rid) in self._cancelled
+
     def _submit(self, peer: bytes, msg: Submit):
         if msg.max_tokens is not None and msg.max_tokens < 1:
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        if not self._begin(msg.id, peer):
+            return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"request id {msg.id!r} is already in flight", "id")])
+        self._prep.submit(self._prepare, peer, msg)
+        return None
+
+    def _prepare(self, peer: bytes, msg: Submit) -> None:
+        """On a preparation thread: tool plan, tokens, grammar and sampler, then hand the request to the scheduler."""
+        req = None
         plan = None
         try:
             if self.tools is not None and msg.messages is not None:
                 plan = self.tools.plan(msg)
             tokens = self.prompts.tokens(msg, plan)
             grammar = self.prompts.grammar(msg)
+            if plan is not None and plan.grammar is not None:
+                if grammar is not None:
+                    raise PromptError(ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")
+                grammar = plan.grammar
+            req = Request(
+                msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
+                session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
+                piece=self.engine.piece,
+            )  # fmt: skip
+            if plan is not None:
+                req.hook = plan.hook(tokens)
+                req.tool_replay = plan.replay
+            if not self.cancelled(msg.id, peer):
+                req.sampler = self.engine.make_sampler(msg.sampling, grammar)
         except (PromptError, PlanError) as exc:
-            return Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)])
-        if plan is not None and plan.grammar is not None:
-            if grammar is not None:
-                return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")])
-            grammar = plan.grammar
-        req = Request(
-            msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
-            session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
-            piece=self.engine.piece,
-        )  # fmt: skip
-        if plan is not None:
-            req.hook = plan.hook(tokens)
-            req.tool_replay = plan.replay
-        self.scheduler.submit(req)
-        return None
+            self._end(msg.id, peer)
+            self._post_out(peer, Tick(done=[error_done(msg.id, exc.code, str(exc), exc.param)]))
+            return
+        except EngineError as exc:
+            self._end(msg.id, peer)
+            param = "response_format" if msg.json_schema is not None else ("grammar" if msg.grammar is not None else None)
+            code = ErrorCode(exc.code) if exc.code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
+            self._post_out(peer, Tick(done=[error_done(msg.id, code, f"cannot build the sampler: {exc}", param)]))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in preparing one request fails that request only
+            self.log("prepare_error", id=msg.id, error=repr(exc))
+            self._end(msg.id, peer)
+            self._post_out(peer, Tick(done=[error_done(msg.id, ErrorCode.INTERNAL, "the worker could not prepare the request")]))
+            return
+        key = (peer, msg.id)
+        with self._lock:  # an Abort either finds it here (cancelled) or, once submitted, in the scheduler
+            self._pending.discard(key)
+            aborted = key in self._cancelled
+            self._cancelled.discard(key)
+            if not aborted:
+                self.scheduler.submit(req)
+        if aborted:
+            if req.sampler is not None:
+                req.sampler.free()
+            self._post_out(peer, Tick(done=[Done(msg.id, FinishReason.ABORT)]))
+
+    def _off_thread_call(self, peer: bytes, msg) -> None:
+        try:
+            if self.cancelled(msg.id, peer):
+                result = _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INVALID_REQUEST, "the request was aborted"))
+            else:
+                result = self._call(msg)
+        except Exception as exc:  # noqa: BLE001 - a bug fails this call, not the thread
+            self.log("call_error", call=type(msg).__name__, error=repr(exc))
+            result = _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, "internal error in the worker"))
+        self._end(msg.id, peer)
+        self._post_out(peer, result)
 
     def _embed(self, peer: bytes, msg: Embed):
         if not msg.inputs:
@@ -235,12 +355,19 @@ class WorkerServer:
                 return EmbedResult(id=msg.id, error=ErrorInfo(
                     ErrorCode.INVALID_REQUEST, f"input[{i}] has token id {bad}, outside the vocabulary (0..{n_vocab - 1})",
                     param=f"input[{i}]"))  # fmt: skip
+        for i, item in enumerate(msg.inputs):
+            if isinstance(item, str) and len(item) > self.prompts.max_chars:
+                return EmbedResult(id=msg.id, error=ErrorInfo(
+                    ErrorCode.CONTEXT_LENGTH, f"input[{i}] has {len(item)} characters, more than {self.n_ctx} tokens can hold",
+                    param=f"input[{i}]"))  # fmt: skip
         self.embedder.submit(peer, msg)
         return None
 
     def _call(self, msg):
         e = self.engine
         try:
+            if isinstance(msg, (Tokenize, CountTokens)) and msg.text is not None:
+                self.prompts.check_chars(len(msg.text), "text")
             if isinstance(msg, Tokenize):
                 return TokenizeResult(id=msg.id, tokens=e.tokenize(msg.text, msg.add_special, msg.parse_special))
             if isinstance(msg, Detokenize):
@@ -249,15 +376,16 @@ class WorkerServer:
                 return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt))
             if isinstance(msg, CountTokens):
                 if msg.messages is not None:
-                    text = self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt)
-                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_rendered(text)))
+                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
                 return CountResult(id=msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
             if isinstance(msg, GetStats):
                 stats = {"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()}
                 if self.tools is not None and self.tools.replay is not None:
                     stats["tool_replay_lookups"] = dict(self.tools.replay.counts)
                 return StatsResult(id=msg.id, stats=stats)
-        except (PromptError, TemplateError) as exc:
+        except PromptError as exc:
+            return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param=exc.param))
+        except TemplateError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.TEMPLATE, str(exc)))
         except EngineError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param="input"))

@@ -183,10 +183,10 @@ def test_embed(embed_stub):
 
 
 def test_embed_reports_the_workers_error(daemon):
-    # the scripted fake worker has no embedding model: its typed error reaches the user as a sentence
-    r = bictl(daemon, "embed", "fake", "hello")
+    # the scripted fake worker refuses this input: its typed error reaches the user as a sentence
+    r = bictl(daemon, "embed", "fake", "NOEMBED")
     assert r.exit_code == 1
-    assert r.stderr.strip() == "error: unknown call op 'embed'"
+    assert r.stderr.strip() == "error: this model cannot embed"
 
 
 def test_search(daemon):

@@ -4,6 +4,7 @@ gateway spawning the real llama.cpp worker process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -39,9 +40,10 @@ def test_pull_then_chat_through_the_daemon(tmp_path, file_server):
     cfg = tmp_path / "bi.toml"
     cfg.write_text(
         f'host = "127.0.0.1"\nport = {port}\nmodel_cache_dir = "{tmp_path / "cache"}"\nruntime_dir = "{tmp_path / "run"}"\n'
-        "embed_default_model = false\n[defaults]\nn_ctx = 512\nn_seq_max = 2\n"
+        "embed_default_model = false\npull_allow_private = true\n[defaults]\nn_ctx = 512\nn_seq_max = 2\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BARREL_INFERENCE_CONFIG": str(cfg), "BARREL_INFERENCE_HOST": f"127.0.0.1:{port}"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BARREL_INFERENCE_CONFIG": str(cfg), "BARREL_INFERENCE_HOST": f"127.0.0.1:{port}",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # the tree under test, in the daemon too
 
     def bictl(*args, timeout=120):
         return subprocess.run([str(BICTL), *args], env=env, capture_output=True, text=True, timeout=timeout)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from barrel_inference.config import ModelSettings, Settings
@@ -68,7 +69,9 @@ class LogCapture:
 
 def make_settings(tmp_path: Path, endpoint: str | None = None, **kw) -> Settings:
     models = {MODEL: ModelSettings(endpoint=endpoint, insecure=True)} if endpoint else {}
-    models.update(kw.pop("models", {}))
+    kw.setdefault("allowed_hosts", ["gateway.test"])  # the test client's base URL
+    for name, ms in kw.pop("models", {}).items():  # the fake workers listen on plain local tcp
+        models[name] = msgspec.structs.replace(ms, insecure=True) if ms.endpoint and ms.insecure is None else ms
     return Settings(runtime_dir=str(tmp_path / "run"), model_cache_dir=str(tmp_path / "cache"), models=models,
                     embed_default_model=False, worker_start_timeout=kw.pop("worker_start_timeout", 5.0), **kw)  # fmt: skip
 

@@ -8,9 +8,12 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
   CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
+  FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
+An Embed with an input containing STALL is never answered.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class FakeWorker:
         self.calls: list = []
         self.pings = 0
         self.answer_pings = True
+        self.frozen = False
         self._running: dict[str, asyncio.Task] = {}
         self._ctx = zmq.asyncio.Context()
         self._sock = None
@@ -106,6 +110,8 @@ class FakeWorker:
     async def _serve(self) -> None:
         while True:
             peer, body = await self._sock.recv_multipart()
+            if self.frozen:
+                continue
             msg = self.codec.decode(body)
             if isinstance(msg, Connect):
                 self.connects += 1
@@ -122,7 +128,9 @@ class FakeWorker:
                         await self._send(peer, Tick(done=[Done(id=rid, finish_reason=FinishReason.ABORT)]))
             elif isinstance(msg, HelperCall.__args__):
                 self.calls.append(msg)
-                await self._send(peer, self.call(msg))
+                result = self.call(msg)
+                if result is not None:  # None: a call that never ends (until the gateway gives up on it)
+                    await self._send(peer, result)
             elif isinstance(msg, Ping):
                 self.pings += 1
                 if self.answer_pings:
@@ -138,7 +146,11 @@ class FakeWorker:
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
+        if isinstance(msg, Embed) and any(isinstance(i, str) and "STALL" in i for i in msg.inputs):
+            return None
         if isinstance(msg, Embed):  # a vector of 4 per input: [len, vowels, 1, 0] normalised
+            if "NOEMBED" in msg.inputs:
+                return EmbedResult(id=msg.id, error=ErrorInfo(ErrorCode.UNSUPPORTED, "this model cannot embed", param="input"))
             vecs = []
             for item in msg.inputs:
                 n = len(item) if isinstance(item, list) else len(item.split())
@@ -161,6 +173,9 @@ class FakeWorker:
             n = n_calls = 0
             for word in words:
                 if word == "STALL":
+                    await asyncio.Event().wait()
+                if word == "FREEZE":
+                    self.frozen = True
                     await asyncio.Event().wait()
                 if word == "GARBLE":
                     bad = {"kind": "tick", "deltas": [{"id": s.id, "parts": [{"type": "hologram", "text": "?"}]}]}

@@ -125,3 +125,13 @@ async def test_model_queue_unit_fifo_and_capacity():
     waiters[2].cancel()
     await asyncio.gather(waiters[2], return_exceptions=True)
     assert q.depth == 0
+
+
+def test_queue_limits_per_model_then_defaults_then_top_level():
+    from barrel_inference.config import Settings
+    from barrel_inference.gateway.admission import Admission
+
+    s = Settings(max_queue=5, defaults=ModelSettings(max_queue=3), models={"m:1": ModelSettings(max_queue=1, queue_timeout_ms=100)})
+    assert Admission(s).limits("m:1") == (1, 0.1)
+    assert Admission(s).limits("other:1") == (3, 60.0)
+    assert Admission(Settings(max_queue=5)).limits("x:1") == (5, 60.0)

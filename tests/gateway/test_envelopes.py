@@ -86,3 +86,18 @@ async def test_404_405_500_by_prefix(small):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     r = await small.client.delete("/echo/say")
     assert r.status_code == 405 and r.json()["oops"]["code"] == "method_not_allowed"
+
+
+async def test_a_crash_in_a_familys_route_is_500_in_its_envelope(make_gateway, fake_worker):
+    from starlette.routing import Route
+
+    fam = echo_family()
+
+    async def broken(request):
+        raise RuntimeError("disk on fire")
+
+    fam.routes = lambda: [Route("/echo/broken", broken)]
+    gw = await make_gateway(fake_worker.endpoint, families=[*load_families().all, fam])
+    r = await gw.client.get("/echo/broken")
+    assert r.status_code == 500
+    assert r.json()["oops"]["code"] == "internal" and "disk on fire" in r.json()["oops"]["why"]

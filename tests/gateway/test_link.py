@@ -11,7 +11,7 @@ import pytest
 from barrel_inference.gateway.errors import GatewayError
 from barrel_inference.gateway.link import WorkerLink
 from barrel_inference.protocol import (
-    PROTOCOL_VERSION, ChatMessage, GetStats, Tokenize, Delta, Done, ErrorCode, FinishReason, Submit,
+    PROTOCOL_VERSION, ChatMessage, Delta, Done, Embed, ErrorCode, FinishReason, GetStats, Submit, Tokenize,
 )  # fmt: skip
 
 from .fake_worker import FakeWorker
@@ -211,3 +211,26 @@ async def test_an_undecodable_message_fails_the_requests_it_names_and_nothing_el
     assert other_done.finish_reason == FinishReason.STOP
     assert "bad1" in fake_worker.aborts
     assert link.alive
+
+
+async def test_a_call_given_up_on_is_aborted_in_the_worker(link, fake_worker):
+    """The probe's 2,000 embedding inputs: the gateway's timeout fired, the worker computed on for minutes."""
+    with pytest.raises(GatewayError) as err:
+        await link.call(Embed(id="emb-1", inputs=["STALL"] * 2000), timeout=0.2)
+    assert err.value.code is ErrorCode.WORKER_UNAVAILABLE
+    for _ in range(100):
+        if "emb-1" in fake_worker.aborts:
+            break
+        await asyncio.sleep(0.01)
+    assert "emb-1" in fake_worker.aborts
+    task = asyncio.create_task(link.call(Embed(id="emb-2", inputs=["STALL"])))
+    await asyncio.sleep(0.05)
+    task.cancel()  # the client went away
+    await asyncio.gather(task, return_exceptions=True)
+    for _ in range(100):
+        if "emb-2" in fake_worker.aborts:
+            break
+        await asyncio.sleep(0.01)
+    assert "emb-2" in fake_worker.aborts
+    done = await link.call(Embed(id="emb-3", inputs=["fine"]))
+    assert done.error is None and len(done.embeddings) == 1

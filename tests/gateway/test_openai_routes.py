@@ -299,9 +299,9 @@ async def test_an_unexpected_exception_still_answers_json(make_gateway, fake_wor
     gw = await make_gateway(fake_worker.endpoint, registry=Broken())
     r = await gw.client.get("/v1/models")
     assert r.status_code == 500
-    assert r.json()["error"]["code"] == "internal" and "disk on fire" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "internal" and r.json()["error"]["message"] == "internal error"  # details stay in the log
     r = await gw.client.get("/api/stats")
-    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: disk on fire"}
+    assert r.status_code == 500 and r.json() == {"error": "internal error"}
     assert [e["path"] for e in gw.logs.events("unhandled_error")] == ["/v1/models", "/api/stats"]
 
 
@@ -311,3 +311,13 @@ async def test_stream_with_no_output_still_finishes(gateway):
     assert r.status_code == 200 and len(events) == 3
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[1]["choices"][0]["finish_reason"] == "stop" and events[2] == "[DONE]"
+
+
+async def test_thinking_parts_become_reasoning_content(gateway):
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("THINK:hmm THINK:ok answer"))
+    msg = r.json()["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": " answer", "reasoning_content": "hmmok"}
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("THINK:hmm answer", stream=True))
+    deltas = [c["choices"][0]["delta"] for c in sse_events(r.text)[:-1] if c["choices"]]
+    assert {"reasoning_content": "hmm"} in deltas and {"content": " answer"} in deltas
+    assert deltas.index({"reasoning_content": "hmm"}) < deltas.index({"content": " answer"})

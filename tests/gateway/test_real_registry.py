@@ -31,7 +31,7 @@ async def gateway_on_disk(tiny_gguf):
         models = ModelManager(settings, registry, logger=logs.logger,
                               worker_command=[sys.executable, "-m", "barrel_inference.worker"])  # fmt: skip
         app = create_app(settings, registry=registry, models=models, logger=logs.logger)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test", timeout=60) as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=60) as client:
             yield client, models
         await models.aclose()
 

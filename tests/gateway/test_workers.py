@@ -247,3 +247,31 @@ def test_tool_flags_from_the_manifest_and_the_operators_hand(tmp_path):
     flags = dict(zip(*[iter(tool_argv(by_hand, record))] * 2))
     assert (flags["--tool-format"], flags["--thinking-start"], flags["--thinking-end"]) == ("angle", "<t>", "</t>")
     assert flags["--tool-replay-path"] == str(tmp_path / "r" / "q-1.sqlite")
+
+
+async def test_a_worker_that_stops_answering_fails_its_requests_and_is_restarted(short_tmp):
+    """No tick, reply or pong within the heartbeat timeout: typed error for what was in flight, the hung
+    process is killed and a fresh worker started, without waiting for the next request."""
+    settings = make_settings(short_tmp, None)
+    logs = LogCapture(settings)
+    m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger, worker_command=FAKE_CMD, heartbeat=(0.1, 1.0))
+    try:
+        h = await m.get(MODEL)
+        first = h.process
+        text, done = await asyncio.wait_for(run(h, chat("f1", "a b FREEZE c")), 10)
+        assert text == "a b"
+        assert done.finish_reason == FinishReason.ERROR and done.error.code == ErrorCode.WORKER_UNAVAILABLE
+        assert done.error.retryable and "stopped answering" in done.error.message
+        for _ in range(200):
+            if m.running() and m.running()[0].pid != first.pid:
+                break
+            await asyncio.sleep(0.05)
+        assert first.returncode is not None  # the hung process was killed
+        [info] = m.running()
+        assert info.pid != first.pid
+        h2 = await m.get(MODEL)
+        text, done = await run(h2, chat("f2", "alive again"))
+        assert text == "alive again" and done.finish_reason == FinishReason.STOP
+        assert [e["model"] for e in logs.events("worker_restart")] == [MODEL]
+    finally:
+        await m.aclose()

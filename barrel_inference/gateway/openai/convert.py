@@ -15,7 +15,8 @@ from ..errors import invalid, unsupported
 from ..family import STATUS
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Message
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_TOKEN_ID = 2**31 - 1  # llama_token is an int32  # OpenAI's documented default for /v1/completions
 _ROLES = {"developer": "system", "function": "tool"}
 _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
 
@@ -50,8 +51,8 @@ def sampling_of(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
                 token = int(key)
             except ValueError:
                 raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
-            if token < 0:
-                raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            if token < 0 or token > MAX_TOKEN_ID:
+                raise invalid(f"logit_bias keys must be token ids, got {key[:32]!r}", "logit_bias")
             bias[token] = value
         s.logit_bias = bias
     return s
@@ -200,6 +201,8 @@ def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
             raise unsupported("only one prompt per request is supported", "prompt")
         return prompt[0], None
     if all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in prompt):
+        if any(p > MAX_TOKEN_ID for p in prompt):
+            raise invalid(f"token ids are at most {MAX_TOKEN_ID}", "prompt")
         return None, list(prompt)
     raise invalid("prompt must be a string, a list of one string, or a list of token ids", "prompt")
 

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...protocol import Embed, Submit
-from ..errors import GatewayError, invalid, with_retry_after
+from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
 
@@ -80,8 +80,7 @@ class CompletionAdapter(_OpenAIAdapter):
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:
-    headers = {"x-request-id": request_id} if request_id else {}
-    return FAMILY.error_response(exc.info, headers=with_retry_after(headers, exc))
+    return FAMILY.error(exc, headers={"x-request-id": request_id} if request_id else None)
 
 
 async def embeddings(request: Request) -> Response:
@@ -95,7 +94,7 @@ async def embeddings(request: Request) -> Response:
             raise GatewayError.from_info(result.error)
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
-        return FAMILY.error_response(exc.info, headers=headers)
+        return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
     usage = {"prompt_tokens": result.count, "total_tokens": result.count}

@@ -15,7 +15,8 @@ from msgspec import Meta
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-PositiveInt = Annotated[int, Meta(ge=1)]
+PositiveInt = Annotated[int, Meta(ge=1, le=2**31 - 1)]  # token counts: an int32 in the engine
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # an int64, as OpenAI documents it
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):
@@ -73,14 +74,14 @@ class _Sampling(msgspec.Struct, omit_defaults=True, kw_only=True):
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repeat_penalty: Annotated[float, Meta(gt=0.0)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Union[str, list[str], None] = None
-    n: int | None = None
+    n: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
 
@@ -151,3 +152,5 @@ def decode(body: bytes, type_: type) -> Any:
         raise WireError(f"{message}{f' (field {param!r})' if param else ''}", param) from None
     except msgspec.DecodeError as exc:
         raise WireError(f"the request body is not valid JSON: {exc}", None) from None
+    except RecursionError:
+        raise WireError("the request body is nested too deeply", None) from None

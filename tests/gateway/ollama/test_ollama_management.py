@@ -76,7 +76,7 @@ async def env(tmp_path, remotes):
     app = Starlette(routes=routes())
     app.state.registry = Registry(settings)
     app.state.models = StubModels()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
         yield app, client, remotes
     await management.aclose(app)
 
@@ -270,7 +270,7 @@ async def test_search_all_sources_down_is_502(tmp_path):
     app = Starlette(routes=routes())
     app.state.registry = Registry(settings)
     app.state.models = StubModels()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
         r = await client.post("/api/search", json={"query": "x", "timeout": 2})
     await management.aclose(app)
     assert r.status_code == 502 and "hf:" in r.json()["error"] and "ollama:" in r.json()["error"]
