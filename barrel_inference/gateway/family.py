@@ -37,6 +37,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.QUEUE_TIMEOUT: 504,
     ErrorCode.DECODE_FAILED: 500,
     ErrorCode.TOOL_CALL_INVALID: 500,  # the model wrote a call that does not parse or validate
+    ErrorCode.OUTPUT_INVALID: 500,  # finished structured output that fails its schema
     ErrorCode.INTERNAL: 500,
 }
 RETRY_AFTER_S = 1  # sent with every overload / unavailable / queue-timeout answer

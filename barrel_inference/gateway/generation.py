@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from ..protocol import Accepted, Delta, Done, ErrorCode, FinishReason, Submit, TextPart, Usage, merge_parts
 from .collector import RequestStream
 from .errors import GatewayError
+from .structured import checked_done
 
 Event = Delta | Done
 
@@ -100,8 +101,17 @@ class Generation:
                 self.state.metrics.tool_replay.labels(self.model, result).inc(n)
 
     async def events(self) -> AsyncIterator[Event]:
+        """The worker's events; with a JSON schema, a finished text that does not validate ends as an
+        output_invalid error instead of its Done."""
         assert self.stream is not None
+        schema = self.submit.json_schema
+        text: list[str] = []
         async for event in self.stream:
+            if schema is not None:
+                if isinstance(event, Delta):
+                    text.append(event.text)
+                else:
+                    event = await checked_done(event, "".join(text), schema)
             yield event
 
     async def collect(self) -> Result:

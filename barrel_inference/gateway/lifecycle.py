@@ -40,6 +40,7 @@ from ..protocol import Accepted, Delta, Done, ErrorCode, ErrorInfo, FinishReason
 from .errors import GatewayError
 from .family import Family
 from .generation import Generation, Result, record_rejected
+from .structured import receipt_header
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 
 DEFAULT_MAX_BODY = 256 * 1024 * 1024
@@ -161,6 +162,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
+    headers.update(receipt_header(gen.accepted.schema_receipt))
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
     if stream:
         body = _stream_body(gen, adapter.encoder(req, ctx))

@@ -11,7 +11,8 @@ Rules for changing the link:
 
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
-tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget.
+tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget; 3 error code
+output_invalid, Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -50,6 +51,7 @@ __all__ = [
     "ToolCallArgs",
     "ToolCallEnd",
     "Part",
+    "SchemaReceipt",
     "Accepted",
     "EngineInfo",
     "Delta",
@@ -87,6 +89,7 @@ class ErrorCode(str, enum.Enum):
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
     TOOL_CALL_INVALID = "tool_call_invalid"  # the model wrote a tool call that does not parse or fails its schema
+    OUTPUT_INVALID = "output_invalid"  # finished structured output that does not validate against its schema
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
@@ -182,6 +185,7 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     max_tokens: int | None = None  # None: until EOS or the context is full
     grammar: str | None = None  # GBNF
     json_schema: dict | None = None  # constrain output to JSON matching this schema ({} = any JSON object)
+    json_schema_strict: bool = False  # refuse a schema keyword the grammar cannot enforce (instead of checking it after)
     session: str | None = None
     ignore_eos: bool = False
     want_tokens: bool = False  # carry token ids in deltas
@@ -345,6 +349,15 @@ def merge_parts(into: list, parts: list) -> None:
             into.append(part)
 
 
+class SchemaReceipt(msgspec.Struct, omit_defaults=True):
+    """What a JSON-schema constraint does with the schema's keywords: enforced by the grammar, checked
+    against the finished text, or neither."""
+
+    enforced: list[str] = []
+    checked: list[str] = []
+    unenforced: list[str] = []
+
+
 class Accepted(msgspec.Struct, omit_defaults=True):
     """The prompt is tokenised and the request holds a sequence: sent before any output."""
 
@@ -353,6 +366,7 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
     n_ctx: int = 0  # the sequence's context (prompt + output)
     tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
+    schema_receipt: SchemaReceipt | None = None  # set when the request has a json_schema
 
 
 class Delta(msgspec.Struct, omit_defaults=True):

@@ -12,9 +12,10 @@ import re
 
 import msgspec
 
-from ..protocol import ErrorCode, Submit
+from ..protocol import ErrorCode, SchemaReceipt, Submit
 from .engine_api import Engine, EngineError
 from .grammar import GrammarLimits, GrammarRefused, check_gbnf, check_schema
+from .schema_gbnf import convert
 from .segments import Markers, align, tokenize_segments
 from .templates import ChatTemplate, TemplateError
 
@@ -147,20 +148,20 @@ class PromptBuilder:
                 f"{n} tokens, leaving no room for a reply. Shorten the prompt or load {self.model} with a larger n_ctx.")  # fmt: skip
 
     def grammar(self, msg: Submit) -> str | None:
+        return self.constraint(msg)[0]
+
+    def constraint(self, msg: Submit) -> tuple[str | None, SchemaReceipt | None]:
+        """The request's grammar, and for a JSON schema the receipt of what the grammar enforces."""
         try:
             if msg.grammar is not None:
                 check_gbnf(msg.grammar, self.grammar_limits, "grammar")
-                return msg.grammar
+                return msg.grammar, None
             if msg.json_schema is not None:
                 check_schema(msg.json_schema, self.grammar_limits, "response_format")
-                try:
-                    text = self.engine.grammar_from_schema(msg.json_schema)
-                except EngineError as exc:
-                    raise PromptError(ErrorCode.GRAMMAR, str(exc), "response_format") from exc
-                except RecursionError as exc:
-                    raise PromptError(ErrorCode.GRAMMAR, "response_format JSON schema is nested too deeply to enforce", "response_format") from exc
-                check_gbnf(text, self.grammar_limits, "response_format")
-                return text
+                conv = convert(msg.json_schema, strict=msg.json_schema_strict, limits=self.grammar_limits)
+                check_gbnf(conv.grammar, self.grammar_limits, "response_format")
+                receipt = SchemaReceipt(sorted(conv.enforced), sorted(conv.checked), sorted(conv.unenforced))
+                return conv.grammar, receipt
         except GrammarRefused as exc:
             raise PromptError(ErrorCode.GRAMMAR, str(exc), exc.param) from exc
-        return None
+        return None, None

@@ -21,7 +21,7 @@ class Request:
     __slots__ = (
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
-        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
+        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay", "schema_receipt",
         "t_submit", "t_start", "t_first", "t_end",
     )  # fmt: skip
 
@@ -32,6 +32,7 @@ class Request:
         self.prompt = prompt
         self.sampling = sampling
         self.grammar = grammar
+        self.schema_receipt = None
         self.max_tokens = max_tokens
         self.session = session
         self.ignore_eos = ignore_eos
@@ -68,7 +69,7 @@ class Request:
 
     def accepted(self, n_ctx: int) -> Accepted:
         return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx,
-                        tool_replay=self.tool_replay)  # fmt: skip
+                        tool_replay=self.tool_replay, schema_receipt=self.schema_receipt)  # fmt: skip
 
     def take_delta(self) -> Delta | None:
         if not self.pending_parts and not self.pending_n:

@@ -291,7 +291,7 @@ class WorkerServer:
             if self.tools is not None and msg.messages is not None:
                 plan = self.tools.plan(msg)
             tokens = self.prompts.tokens(msg, plan)
-            grammar = self.prompts.grammar(msg)
+            grammar, receipt = self.prompts.constraint(msg)
             if plan is not None and plan.grammar is not None:
                 if grammar is not None:
                     raise PromptError(ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")
@@ -301,6 +301,7 @@ class WorkerServer:
                 session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
                 piece=self.engine.piece,
             )  # fmt: skip
+            req.schema_receipt = receipt
             if plan is not None:
                 req.hook = plan.hook(tokens)
                 req.tool_replay = plan.replay

@@ -50,6 +50,7 @@ class Worker:
         self.server = WorkerServer(self.engine, tmpl, model="tiny", bind="ipc:///nowhere", n_ctx=4096, tools=self.tools)
         self.c = Collector()
         self.server.scheduler = Scheduler(self.engine, self.c.emit, n_ctx=4096)
+        self.server._post_out = self.c.emit  # refusals prepared off the scheduler thread come here too
         self.server.scheduler.start()
         self.n = 0
 

@@ -153,6 +153,11 @@ def _schema_of(req: ChatCompletionRequest) -> dict | None:
     return rf.json_schema.schema
 
 
+def _strict_of(req: ChatCompletionRequest) -> bool:
+    rf = req.response_format
+    return bool(rf is not None and rf.type == "json_schema" and rf.json_schema is not None and rf.json_schema.strict)
+
+
 def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
     _common_checks(req)
     if req.logprobs:
@@ -170,6 +175,7 @@ def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
         stop=stop_of(req.stop),
         max_tokens=max_tokens,
         json_schema=_schema_of(req),
+        json_schema_strict=_strict_of(req),
     )
 
 
