@@ -62,6 +62,7 @@ class Context:
     created: int  # unix seconds
     accepted: Accepted
     resolved_model: str = ""  # the registry name
+    hello: Any = None  # the serving worker's Hello (model, engine build and profile)
 
 
 class Adapter:
@@ -163,7 +164,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     except ClientDisconnected:
         return Response(status_code=499)
     headers.update(receipt_header(gen.accepted.schema_receipt))
-    ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
+    ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model, hello=gen.hello)
     if stream:
         body = _stream_body(gen, adapter.encoder(req, ctx))
         return EventStreamResponse(body, on_close=gen.close, media_type=adapter.media_type, headers=headers)

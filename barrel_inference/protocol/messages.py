@@ -54,6 +54,8 @@ __all__ = [
     "SchemaReceipt",
     "Accepted",
     "EngineInfo",
+    "TopLogprob",
+    "TokenLogprob",
     "Delta",
     "Usage",
     "Timings",
@@ -185,7 +187,9 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     max_tokens: int | None = None  # None: until EOS or the context is full
     grammar: str | None = None  # GBNF
     json_schema: dict | None = None  # constrain output to JSON matching this schema ({} = any JSON object)
-    json_schema_strict: bool = False  # refuse a schema keyword the grammar cannot enforce (instead of checking it after)
+    json_schema_strict: bool = False
+    suffix: str | None = None  # with prompt: fill in the middle between prompt and suffix (models with FIM tokens)
+    logprobs: int | None = None  # None: none; k (0..20): each sampled token's log-probability and the k most likely  # refuse a schema keyword the grammar cannot enforce (instead of checking it after)
     session: str | None = None
     ignore_eos: bool = False
     want_tokens: bool = False  # carry token ids in deltas
@@ -369,6 +373,22 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     schema_receipt: SchemaReceipt | None = None  # set when the request has a json_schema
 
 
+class TopLogprob(msgspec.Struct, array_like=True):
+    token: int
+    logprob: float
+    piece: bytes  # the token's bytes
+
+
+class TokenLogprob(msgspec.Struct, omit_defaults=True):
+    """A sampled token's log-probability under the sampler's distribution (after logit bias), and the
+    most likely alternatives at that step."""
+
+    token: int
+    logprob: float
+    piece: bytes = b""  # the token's bytes
+    top: list[TopLogprob] = []
+
+
 class Delta(msgspec.Struct, omit_defaults=True):
     """New output of one request since the last tick: ordered typed parts."""
 
@@ -376,6 +396,7 @@ class Delta(msgspec.Struct, omit_defaults=True):
     parts: list[Part] = []
     tokens: list[int] = []
     n_tokens: int = 0  # tokens generated this tick (parts may lag behind tokens)
+    logprobs: list[TokenLogprob] = []  # one per sampled token (Submit.logprobs set), in order
 
     @property
     def text(self) -> str:

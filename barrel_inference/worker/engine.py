@@ -15,7 +15,7 @@ import threading
 import llama_cpp as L
 import numpy as np
 
-from ..protocol import Sampling
+from ..protocol import Sampling, TokenLogprob, TopLogprob
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -407,6 +407,27 @@ class LlamaEngine:
             return json_schema_to_gbnf(json.dumps(schema))
         except Exception as exc:  # the converter raises plain exceptions on unsupported schemas
             raise EngineError("grammar_error", f"response_format JSON schema cannot be enforced: {exc}") from exc
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, or None when the vocabulary lacks one."""
+        ids = (L.llama_vocab_fim_pre(self.vocab), L.llama_vocab_fim_suf(self.vocab), L.llama_vocab_fim_mid(self.vocab))
+        return ids if all(0 <= t < self.n_vocab for t in ids) else None
+
+    def token_logprob(self, idx: int, token: int, k: int, bias: dict[int, float] | None = None) -> TokenLogprob:
+        """`token`'s log-probability at batch row idx under the logits after the logit bias, and the k
+        most likely tokens there (k <= 20)."""
+        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,)), np.float64)
+        for t, b in (bias or {}).items():
+            if 0 <= t < self.n_vocab:
+                logits[t] += b
+        m = logits.max()
+        logz = m + np.log(np.exp(logits - m).sum())
+        top: list[TopLogprob] = []
+        if k > 0:
+            best = np.argpartition(-logits, k)[:k] if k < self.n_vocab else np.arange(self.n_vocab)
+            best = best[np.lexsort((best, -logits[best]))]
+            top = [TopLogprob(int(t), float(logits[t] - logz), self.piece(int(t))) for t in best]
+        return TokenLogprob(token, float(logits[token] - logz), self.piece(token), top)
 
     def never_utf8_tokens(self) -> list[int]:
         """Tokens holding a byte no UTF-8 text contains (C0, C1, F5..FF). llama.cpp's grammar decodes

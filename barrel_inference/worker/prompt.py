@@ -92,6 +92,14 @@ class PromptBuilder:
                     toks = self.tokenize_messages(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
             else:
                 toks = self.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)
+        elif msg.prompt is not None and msg.suffix is not None:
+            self.check_chars(len(msg.prompt) + len(msg.suffix), "prompt")
+            fim = getattr(self.engine, "fim_tokens", lambda: None)()
+            if fim is None:
+                raise PromptError(ErrorCode.INVALID_REQUEST, f"suffix needs a model with fill-in-the-middle tokens; {self.model} has none", "suffix")
+            pre, suf, mid = fim
+            body = lambda t: self.engine.tokenize(t, add_special=False, parse_special=False)  # noqa: E731
+            toks = ([self.engine.bos] if self.engine.add_bos and self.engine.bos >= 0 else []) + [pre] + body(msg.prompt) + [suf] + body(msg.suffix) + [mid]
         elif msg.prompt is not None:
             self.check_chars(len(msg.prompt), "prompt")
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)

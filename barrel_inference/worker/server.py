@@ -39,6 +39,7 @@ from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
 from .toolhook import PlanError
 
+MAX_TOP_LOGPROBS = 20
 IDLE_POLL_MS = 200
 
 
@@ -278,6 +279,8 @@ class WorkerServer:
     def _submit(self, peer: bytes, msg: Submit):
         if msg.max_tokens is not None and msg.max_tokens < 1:
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        if msg.logprobs is not None and not 0 <= msg.logprobs <= MAX_TOP_LOGPROBS:
+            return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")])
         if not self._begin(msg.id, peer):
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"request id {msg.id!r} is already in flight", "id")])
         self._prep.submit(self._prepare, peer, msg)
@@ -302,6 +305,7 @@ class WorkerServer:
                 piece=self.engine.piece,
             )  # fmt: skip
             req.schema_receipt = receipt
+            req.logprobs = msg.logprobs
             if plan is not None:
                 req.hook = plan.hook(tokens)
                 req.tool_replay = plan.replay
