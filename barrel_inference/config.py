@@ -65,6 +65,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
         return ModelSettings(**fields)
 
 
+# settings a running daemon re-reads from its config file on SIGHUP
+RELOADABLE = ("aliases", "anthropic_api_keys")
+
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, queue_timeout_ms=60_000,
                                        extra_buffers="auto")
@@ -76,6 +79,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
     aliases: dict[str, str] = {}
+    # keys the Anthropic routes accept (x-api-key or Authorization: Bearer); empty: open to any key or none
+    anthropic_api_keys: list[str] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
     defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
@@ -123,6 +128,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     keep_alive_timeout: float = 30.0
     max_connections: int = 1024
     max_header_bytes: int = 65536
+
+    # ---- reload ---------------------------------------------------------------------
+    def apply_reload(self, fresh: "Settings") -> list[str]:
+        """Take the keys that may change without a restart (RELOADABLE) from `fresh`; the names that changed.
+
+        A request already in flight keeps what it read: a model name is resolved once, when it starts.
+        """
+        changed = []
+        for key in RELOADABLE:
+            value = getattr(fresh, key)
+            if getattr(self, key) != value:
+                setattr(self, key, value)
+                changed.append(key)
+        return changed
 
     # ---- derived --------------------------------------------------------------------
     def cache_dir(self) -> Path:

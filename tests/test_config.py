@@ -46,6 +46,23 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     assert load_settings(env={}).cache_dir() == tmp_path / "barrel_inference_server" / "models"
 
 
+def test_reload_takes_aliases_and_keys_only(tmp_path):
+    from barrel_inference.gateway.server import reload_config
+    from barrel_inference.gateway.logging import make_logger
+
+    settings = load_settings(env={}, port=9000, aliases={"a": "m1"})
+    log = make_logger(settings)
+    fresh = load_settings(env={}, port=9999, aliases={"a": "m2", "b": "m1"}, anthropic_api_keys=["k"])
+    assert reload_config(settings, lambda: fresh, log) == ["aliases", "anthropic_api_keys"]
+    assert settings.aliases == {"a": "m2", "b": "m1"} and settings.anthropic_api_keys == ["k"]
+    assert settings.port == 9000  # not reloadable: the socket is bound
+
+    def broken():
+        raise ValueError("invalid configuration")
+
+    assert reload_config(settings, broken, log) == [] and settings.aliases == {"a": "m2", "b": "m1"}
+
+
 def test_example_config_loads_and_names_every_key():
     """deploy/config.example.toml is valid as written and documents every setting (commented or not)."""
     from pathlib import Path

@@ -78,7 +78,7 @@ def serve(state: State, config, bind_host, port, detach, pid_file, log_file, wai
     if not detach:
         from ..gateway.server import run as run_gateway
 
-        run_gateway(settings)
+        run_gateway(settings, reload=lambda: _settings(config, bind_host, port))
         return
     url = daemon_url(f"{settings.host}:{settings.port}")
     pid_path = Path(pid_file) if pid_file else default_pid_file(settings)

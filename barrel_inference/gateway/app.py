@@ -26,7 +26,10 @@ from .security import BrowserGuard
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
+# Order matters where two families serve one path: Anthropic's GET /v1/models matches only requests
+# carrying `anthropic-version`, and must come before OpenAI's, which answers every other client.
 FAMILIES = (
+    "barrel_inference.gateway.anthropic",
     "barrel_inference.gateway.openai",
     "barrel_inference.gateway.ollama",
 )

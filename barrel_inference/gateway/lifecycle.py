@@ -29,6 +29,7 @@ How a family plugs in
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -47,6 +48,9 @@ DEFAULT_MAX_BODY = 256 * 1024 * 1024
 
 
 class StreamEncoder(Protocol):
+    """Optional: `keepalive_s` (seconds) and `keepalive() -> bytes`, written whenever nothing else was
+    sent for that long (a long prefill, a slow model), so clients and proxies keep the stream open."""
+
     def start(self) -> bytes: ...
     def event(self, delta: Delta) -> bytes: ...
     def finish(self, done: Done) -> bytes: ...
@@ -207,8 +211,10 @@ async def _stream_body(gen: Generation, enc: StreamEncoder):
     try:
         if chunk := enc.start():
             yield chunk
-        async for event in gen.events():
-            if isinstance(event, Delta):
+        async for event in _with_keepalive(gen.events(), getattr(enc, "keepalive_s", None)):
+            if event is None:
+                yield enc.keepalive()
+            elif isinstance(event, Delta):
                 if chunk := enc.event(event):
                     yield chunk
             elif (info := done_error(event)) is not None:
@@ -217,3 +223,29 @@ async def _stream_body(gen: Generation, enc: StreamEncoder):
                 yield enc.finish(event)
     finally:
         gen.close()
+
+
+async def _with_keepalive(events, interval: float | None):
+    """`events`, and None whenever nothing came for `interval` seconds (an encoder with `keepalive_s`
+    writes a keepalive then, e.g. Anthropic's ping during a long prefill). The pending read is a task
+    of its own, so a keepalive never cancels it."""
+    if not interval:
+        async for event in events:
+            yield event
+        return
+    it = events.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(it.__anext__())
+            while not (await asyncio.wait({pending}, timeout=interval))[0]:
+                yield None
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield event
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()

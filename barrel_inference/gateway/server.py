@@ -1,10 +1,12 @@
-"""Serve the gateway with hypercorn until SIGINT/SIGTERM (or a shutdown event)."""
+"""Serve the gateway with hypercorn until SIGINT/SIGTERM (or a shutdown event); SIGHUP re-reads the
+config file's reloadable keys (aliases, API keys) without a restart."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from typing import Callable
 
 from hypercorn.asyncio import run as hypercorn_run
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -99,8 +101,20 @@ async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs)
         await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
 
 
-def run(settings: Settings) -> None:
-    """Block serving until SIGINT or SIGTERM."""
+def reload_config(settings: Settings, load: Callable[[], Settings], log) -> list[str]:
+    """Load the config again and apply its reloadable keys; a config that does not load changes nothing."""
+    try:
+        fresh = load()
+    except Exception as exc:  # noqa: BLE001 - a bad edit must not take the daemon down
+        log.error("config_reload_failed", error=str(exc))
+        return []
+    changed = settings.apply_reload(fresh)
+    log.info("config_reloaded", changed=changed)
+    return changed
+
+
+def run(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    """Block serving until SIGINT or SIGTERM; on SIGHUP apply `reload()`'s reloadable keys."""
 
     configure_process_logging(settings)
 
@@ -109,6 +123,9 @@ def run(settings: Settings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if reload is not None:
+            log = make_logger(settings)
+            loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(settings, reload, log))
         await serve(settings, stop)
 
     asyncio.run(main())

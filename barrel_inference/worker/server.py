@@ -3,7 +3,7 @@
 The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
 while there is work, blocking briefly when idle), and it sends each tick's output itself. One
 thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
-render, stats) are answered between ticks. Embeddings run on a thread of their own (the engine
+stats) are answered between ticks. Embeddings run on a thread of their own (the engine
 gives them their own context): the scheduler thread only hands an Embed over and, later, forwards
 its reply, so embedding never holds up a tick. The main thread only waits for a stop signal.
 
@@ -395,6 +395,10 @@ class WorkerServer:
         except EngineError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param="input"))
         return None
+
+
+    def internal_reply(self, msg, message: str):
+        return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, message))
 
 
 _REPLY = {Tokenize: TokenizeResult, Detokenize: DetokenizeResult, Render: RenderResult, CountTokens: CountResult,

@@ -7,12 +7,17 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
-  CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
-  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
+  CALL:name:{json}     -> a complete tool call (start, argument text in two pieces, end) with id "fc<n>";
+                          the request then finishes with finish_reason tool_calls
+  HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
+  SLOW     -> a pause of `slow_s` before the next word (a long prefill)
+  FAIL     -> the request ends with a decode_failed error after the words before it
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
-Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2).
+Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
+cached 2); CountTokens counts the same way.
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
 An Embed with an input containing STALL is never answered.
 """
 
@@ -32,7 +37,7 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec,
+    Usage, CountTokens, CountResult, ToolCallStart, ToolCallArgs, ToolCallEnd, WorkerCodec,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -53,6 +58,7 @@ class FakeWorker:
         self.n_seq_max = n_seq_max
         self.tick_s = tick_s
         self.cached_tokens = cached_tokens
+        self.slow_s = 0.3  # the pause of the magic word SLOW
         self.on_crash = on_crash
         self.endpoint = ""
         self.codec = WorkerCodec()
@@ -144,6 +150,9 @@ class FakeWorker:
         if isinstance(msg, GetStats):
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
+        if isinstance(msg, CountTokens):
+            return CountResult(id=msg.id, count=prompt_size(msg.messages or [], msg.tools) if msg.messages is not None
+                               else len((msg.text or "").split()))  # fmt: skip
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=list(range(len((msg.text or "").split()))))
         if isinstance(msg, Embed) and any(isinstance(i, str) and "STALL" in i for i in msg.inputs):
@@ -162,7 +171,7 @@ class FakeWorker:
 
     async def _generate(self, peer: bytes, s: Submit) -> None:
         words = script_of(s)
-        prompt_tokens = sum(len(m.content.split()) for m in s.messages) if s.messages else len(words)
+        prompt_tokens = prompt_size(s.messages, s.tools) if s.messages else len(words)
         usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=min(self.cached_tokens, prompt_tokens))
         try:
             if "TOOLONG" in words:
@@ -170,8 +179,17 @@ class FakeWorker:
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
-            n = n_calls = 0
+            n = 0
+            calls = 0
             for word in words:
+                if word == "SLOW":
+                    await asyncio.sleep(self.slow_s)
+                    continue
+                if word == "FAIL":
+                    usage.completion_tokens = n
+                    err = ErrorInfo(ErrorCode.DECODE_FAILED, "llama_decode failed (-3); the context was recreated")
+                    await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
+                    return
                 if word == "STALL":
                     await asyncio.Event().wait()
                 if word == "FREEZE":
@@ -194,19 +212,31 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                if word.startswith("CALL:"):
-                    _, name, args = word.split(":", 2)
-                    raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
-                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
-                    n_calls += 1
+                if word.startswith(("CALL:", "HALFCALL:")):
+                    parts = _call_parts(word, calls)
+                    calls += word.startswith("CALL:")
                 else:
                     parts = [_part(word, n)]
                 await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, n_tokens=1)]))
             usage.completion_tokens = n
-            reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            finish = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=finish, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
+
+
+def prompt_size(messages, tools) -> int:
+    return sum(len(m.content.split()) for m in messages) + len(tools or [])
+
+
+def _call_parts(word: str, index: int) -> list:
+    kind, name, arguments = word.split(":", 2)
+    half = len(arguments) // 2
+    parts = [ToolCallStart(index=index, id=f"fc{index}", name=name),
+             ToolCallArgs(index=index, text=arguments[:half]), ToolCallArgs(index=index, text=arguments[half:])]  # fmt: skip
+    if kind == "CALL":
+        parts.append(ToolCallEnd(index=index, arguments=arguments, raw=word))
+    return parts
 
 
 def _part(word: str, n: int):

@@ -1,0 +1,126 @@
+"""The official anthropic SDK against the real daemon (gateway + worker processes).
+
+The tiny generated model checks the engine path (shapes, usage, count_tokens against a real render,
+streaming, errors); the real Gemma 3 270M (marker `gemma`) checks real text through Claude Code's
+model ids routed by an alias.
+"""
+
+import json
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from .daemon import Daemon
+
+ALIASES = '[aliases]\n"claude-sonnet-4-5" = "tiny"\n"claude-haiku-4-5" = "gemma3:270m"\n'
+FIXTURE = Path(__file__).parent.parent / "gateway" / "anthropic" / "fixtures" / "claude_code_request.json"
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_gguf, tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("anthropic"), {"tiny": tiny_gguf}, n_seq_max=2, n_ctx=2048, threads=1,
+               extra='anthropic_api_keys = ["sk-local"]\n' + ALIASES)  # fmt: skip
+    with d:
+        yield d
+
+
+def client(daemon, **kw) -> anthropic.AsyncAnthropic:
+    kw.setdefault("api_key", "sk-local")
+    return anthropic.AsyncAnthropic(base_url=daemon.url, max_retries=0, timeout=120, **kw)
+
+
+async def test_create_stream_and_count_tokens_agree(daemon):
+    c = client(daemon)
+    kw = dict(model="claude-sonnet-4-5", max_tokens=8, extra_body={"temperature": 0.0}, system=[{"type": "text", "text": "Be brief.",
+              "cache_control": {"type": "ephemeral"}}], messages=[{"role": "user", "content": "hello"}])  # fmt: skip
+    counted = await c.messages.count_tokens(model=kw["model"], system=kw["system"], messages=kw["messages"])
+    msg = await c.messages.create(**kw)
+    assert msg.id.startswith("msg_") and msg.model == "claude-sonnet-4-5" and msg.role == "assistant"
+    assert msg.stop_reason in ("end_turn", "max_tokens") and 0 < msg.usage.output_tokens <= 8
+    u = msg.usage
+    # count_tokens renders exactly what the request rendered
+    assert counted.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens > 5
+    async with c.messages.stream(**kw) as stream:
+        texts = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    text = "".join(texts)
+    assert final.content == [] and text == "" or final.content[0].text == text
+    # greedy and the same prompt: the same output, and the second time the prompt came from the KV cache
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    assert final.usage.cache_read_input_tokens > 0
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted.input_tokens
+
+
+async def test_errors_from_the_real_daemon(daemon):
+    with pytest.raises(anthropic.AuthenticationError):
+        await client(daemon, api_key="sk-wrong").messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.NotFoundError) as info:
+        await client(daemon).messages.create(model="claude-opus-4-7", max_tokens=4, messages=[{"role": "user", "content": "x"}])
+    assert "[aliases]" in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await client(daemon).messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}])
+    assert info.value.body["error"]["type"] == "invalid_request_error" and "2048" in info.value.body["error"]["message"]
+
+
+async def test_models_list_shows_names_and_aliases(daemon):
+    page = await client(daemon).models.list()
+    ids = [m.id for m in page.data]
+    assert "tiny:latest" in ids and "claude-sonnet-4-5" in ids and page.first_id == ids[0]
+
+
+async def test_claude_code_request_replayed(daemon):
+    import httpx
+
+    fixture = json.loads(FIXTURE.read_text())
+    body = {**fixture["body"], "model": "claude-sonnet-4-5", "max_tokens": 4, "temperature": 0}
+    body["tools"] = body["tools"][:3]  # the tiny model's 2048-token context, one byte a token
+    headers = {**fixture["headers"], "authorization": "Bearer sk-local"}
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
+        r = await c.post(fixture["path"], content=json.dumps(body), headers=headers)
+    assert r.status_code == 200, r.text
+    names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+
+
+@pytest.mark.gemma
+async def test_gemma_real_text_through_a_claude_alias(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("anthropic-gemma"), {}, n_seq_max=2, n_ctx=1024, threads=2, embed_default=True,
+               extra=ALIASES)  # fmt: skip
+    d.start(timeout=180)
+    try:
+        c = client(d)
+        msg = await c.messages.create(model="claude-haiku-4-5", max_tokens=24, extra_body={"temperature": 0.0},
+                                      messages=[{"role": "user", "content": "What is the capital of France?"}])  # fmt: skip
+        assert msg.model == "claude-haiku-4-5" and msg.content[0].text.strip()  # real text from the real model
+        async with c.messages.stream(model="claude-haiku-4-5", max_tokens=24, extra_body={"temperature": 0.0},
+                                     messages=[{"role": "user", "content": "What is the capital of France?"}]) as s:  # fmt: skip
+            streamed = "".join([t async for t in s.text_stream])
+        assert streamed == msg.content[0].text
+    finally:
+        d.stop()
+
+
+async def test_alias_added_without_a_restart_on_sighup(daemon):
+    import asyncio
+    import signal
+
+    c = client(daemon)
+    body = dict(max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.NotFoundError):
+        await c.messages.create(model="claude-opus-4-7", **body)
+    original = daemon.config.read_text()
+    daemon.config.write_text(original.replace("[aliases]\n", '[aliases]\n"claude-opus-4-7" = "tiny"\n'))
+    try:
+        daemon.proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if "config_reloaded" in daemon.log():
+                break
+            await asyncio.sleep(0.05)
+        msg = await c.messages.create(model="claude-opus-4-7", **body)
+        assert msg.model == "claude-opus-4-7" and msg.usage.output_tokens > 0
+        ids = [m.id for m in (await c.models.list()).data]
+        assert "claude-opus-4-7" in ids
+    finally:
+        daemon.config.write_text(original)
+        daemon.proc.send_signal(signal.SIGHUP)
