@@ -66,11 +66,20 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 
 
 # settings a running daemon re-reads from its config file on SIGHUP
-RELOADABLE = ("aliases", "anthropic_api_keys")
+RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key")
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, queue_timeout_ms=60_000,
                                        extra_buffers="auto")
+
+
+class ApiKey(msgspec.Struct, forbid_unknown_fields=True):
+    """A key clients present (OpenAI and Ollama: Authorization: Bearer; Anthropic: x-api-key or Bearer)."""
+
+    key: str
+    families: list[str] = []  # the API families it may use ("openai", "anthropic", "ollama"); empty: all
+    admin: bool = False  # management routes (pull, delete, create, copy, edit, unload) need an admin key
+    name: str = ""  # for the operator (logs); never compared
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -79,7 +88,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
     aliases: dict[str, str] = {}
-    # keys the Anthropic routes accept (x-api-key or Authorization: Bearer); empty: open to any key or none
+    # API keys for every family: empty (and no anthropic_api_keys): open, the local default. A family
+    # any key names (or a key with no families) is protected: a missing or unknown key gets 401 in
+    # that family's envelope; management routes then need an admin key; /health stays open
+    api_keys: list[ApiKey] = []
+    metrics_require_key: bool = False  # true: GET /metrics needs a key too (once any key is configured)
+    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer)
     anthropic_api_keys: list[str] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
@@ -144,6 +158,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         return changed
 
     # ---- derived --------------------------------------------------------------------
+    def all_api_keys(self) -> list[ApiKey]:
+        """api_keys, then anthropic_api_keys as keys for the Anthropic family."""
+        return [*self.api_keys, *(ApiKey(key=k, families=["anthropic"]) for k in self.anthropic_api_keys)]
+
     def cache_dir(self) -> Path:
         if self.model_cache_dir:
             return Path(self.model_cache_dir).expanduser()

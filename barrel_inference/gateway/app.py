@@ -17,6 +17,7 @@ from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
 from . import health, system
 from .admission import Admission
+from .auth import ApiKeyMiddleware
 from .errors import GatewayError
 from .family import Families, Family
 from .logging import make_logger
@@ -176,6 +177,7 @@ def create_app(
     app.state.families = families
     models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
+    app.add_middleware(ApiKeyMiddleware, settings=settings, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
     app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins, families=families)
     app.add_middleware(OutcomeCounter, metrics=app.state.metrics, routes=app.routes)

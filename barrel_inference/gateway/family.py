@@ -31,6 +31,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TOO_LARGE: 413,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,

@@ -11,8 +11,8 @@ Rules for changing the link:
 
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
-tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget; 3 error code
-output_invalid, Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
+tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget; 3 error codes
+output_invalid and invalid_api_key, Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class ErrorCode(str, enum.Enum):
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
     TOOL_CALL_INVALID = "tool_call_invalid"  # the model wrote a tool call that does not parse or fails its schema
+    UNAUTHENTICATED = "invalid_api_key"  # a protected route without a key this server knows for it
     OUTPUT_INVALID = "output_invalid"  # finished structured output that does not validate against its schema
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"

@@ -53,10 +53,13 @@ class PromptBuilder:
         """Rendered chat text parsed as a whole (control tokens anywhere); BOS unless the template wrote it."""
         return self.engine.tokenize(text, add_special=self._add_bos(text), parse_special=True)
 
-    def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None) -> list[int]:
-        """The chat prompt with control tokens recognised in the template's text only."""
+    def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None,
+                          bounded: bool = True) -> list[int]:  # fmt: skip
+        """The chat prompt with control tokens recognised in the template's text only. bounded=False (a
+        count, off the scheduler thread): a prompt longer than the context is counted, not refused."""
         plain = self.render(messages, tools, add_generation_prompt, extra)
-        self.check_chars(len(plain), "messages")
+        if bounded:
+            self.check_chars(len(plain), "messages")
         special = getattr(self.engine, "control_tokens", None)
         if self.content_special or special is None:
             return self.tokenize_rendered(plain)

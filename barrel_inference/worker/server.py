@@ -381,7 +381,7 @@ class WorkerServer:
                 return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt))
             if isinstance(msg, CountTokens):
                 if msg.messages is not None:
-                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
+                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt, bounded=False)))
                 return CountResult(id=msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
             if isinstance(msg, GetStats):
                 stats = {"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()}
