@@ -20,6 +20,7 @@ from .admission import Admission
 from .auth import ApiKeyMiddleware
 from .errors import GatewayError
 from .family import Families, Family
+from .http import new_id
 from .logging import make_logger
 from .metrics import GatewayMetrics
 from .outcomes import OutcomeCounter
@@ -72,16 +73,16 @@ class ErrorMiddleware:
             if not started:
                 await self.families.error_response(scope.get("path", ""), exc.info)(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
-            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"))
+            error_id = new_id("err-")
+            self.log.exception("unhandled_error", path=scope.get("path"), method=scope.get("method"), error_id=error_id)
             if started:
                 return
-            if isinstance(exc, GatewayError):
-                info = exc.info
-            elif isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
+            if isinstance(exc, RecursionError):  # a body nested deeper than the decoder goes
                 info = ErrorInfo(ErrorCode.INVALID_REQUEST, "the request body is nested too deeply")
-            else:  # the details are in the log line above, never in the answer
-                info = ErrorInfo(ErrorCode.INTERNAL, "internal error")
-            await self.families.error_response(scope.get("path", ""), info)(scope, receive, send)
+            else:  # a fixed message and the id of the log line that has the details
+                info = ErrorInfo(ErrorCode.INTERNAL, f"internal error (request id {error_id})")
+            response = self.families.error_response(scope.get("path", ""), info, headers={"x-request-id": error_id})
+            await response(scope, receive, send)
 
 
 class BodyLimitMiddleware:

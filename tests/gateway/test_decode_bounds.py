@@ -48,6 +48,6 @@ async def test_the_largest_allowed_values_still_work(gateway):
 async def test_integers_beyond_64_bits_inside_schemas_are_400(gateway, extra):
     """Found by the fuzz suite: the link could not carry them (OverflowError, a 500)."""
     r = await gateway.client.post("/v1/chat/completions", json={**CHAT, **extra})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
     r = await gateway.client.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 200

@@ -100,4 +100,6 @@ async def test_a_crash_in_a_familys_route_is_500_in_its_envelope(make_gateway, f
     gw = await make_gateway(fake_worker.endpoint, families=[*load_families().all, fam])
     r = await gw.client.get("/echo/broken")
     assert r.status_code == 500
-    assert r.json()["oops"]["code"] == "internal" and "disk on fire" in r.json()["oops"]["why"]
+    assert r.json()["oops"]["code"] == "internal" and "disk on fire" not in r.json()["oops"]["why"]  # details only in the log
+    assert r.headers["x-request-id"] in r.json()["oops"]["why"]
+    assert [e["error_id"] for e in gw.logs.events("unhandled_error")] == [r.headers["x-request-id"]]

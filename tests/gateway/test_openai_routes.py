@@ -299,9 +299,10 @@ async def test_an_unexpected_exception_still_answers_json(make_gateway, fake_wor
     gw = await make_gateway(fake_worker.endpoint, registry=Broken())
     r = await gw.client.get("/v1/models")
     assert r.status_code == 500
-    assert r.json()["error"]["code"] == "internal" and r.json()["error"]["message"] == "internal error"  # details stay in the log
+    rid = r.headers["x-request-id"]
+    assert r.json()["error"]["code"] == "internal" and r.json()["error"]["message"] == f"internal error (request id {rid})"  # details stay in the log
     r = await gw.client.get("/api/stats")
-    assert r.status_code == 500 and r.json() == {"error": "internal error"}
+    assert r.status_code == 500 and r.json() == {"error": f"internal error (request id {r.headers['x-request-id']})"}
     assert [e["path"] for e in gw.logs.events("unhandled_error")] == ["/v1/models", "/api/stats"]
 
 

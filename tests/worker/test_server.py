@@ -212,3 +212,12 @@ def test_generation_streams_while_a_long_prompt_is_counted_on_a_helper_thread(wo
             seen.add("c")
     assert {"g", "c"} <= seen
     assert order[: order.index("count")].count("tick-g") >= 3, order[:10]
+
+
+def test_an_aborted_embedding_stops_between_inputs(worker):
+    _, client = worker
+    hello(client)
+    client.send(Embed("e", ["word " * 48] * 400))
+    client.send(Abort(["e"]))
+    r = client.recv()
+    assert r.id == "e" and r.error is not None and "aborted" in r.error.message and r.embeddings == []
