@@ -323,3 +323,23 @@ async def test_claude_code_request_fixture(gw, fake_worker):
     assert len(sent.tools) == 15 and {t["function"]["name"] for t in sent.tools} >= {"Bash", "Read", "Edit", "TodoWrite"}
     assert sent.messages[0].role == "system" and sent.messages[0].content.startswith("You are a coding agent")
     assert sent.messages[1].content.endswith("what does main.py do") and sent.max_tokens == 32000
+
+
+@pytest.mark.parametrize("method,path,status,kind", [
+    ("GET", "/v1/messages", 405, "invalid_request_error"),
+    ("POST", "/v1/messages/batches", 404, "not_found_error"),
+    ("POST", "/v1/messages/count_tokens", 400, "invalid_request_error"),  # empty body
+])  # fmt: skip
+async def test_routing_errors_in_the_anthropic_envelope(gw, method, path, status, kind):
+    r = await gw.client.request(method, path)
+    assert r.status_code == status
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind and body["request_id"] == r.headers["request-id"]
+
+
+async def test_bad_json_and_wrong_types_are_400_never_500(gw):
+    for raw in (b"{not json", b"[]", b'{"model": 3, "max_tokens": 1, "messages": []}',
+                b'{"model": "m", "max_tokens": "many", "messages": []}'):  # fmt: skip
+        r = await gw.client.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (raw, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error"
