@@ -416,12 +416,12 @@ class LlamaEngine:
     def token_logprob(self, idx: int, token: int, k: int, bias: dict[int, float] | None = None) -> TokenLogprob:
         """`token`'s log-probability at batch row idx under the logits after the logit bias, and the k
         most likely tokens there (k <= 20)."""
-        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,)), np.float64)
+        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,)), np.float32)
         for t, b in (bias or {}).items():
             if 0 <= t < self.n_vocab:
                 logits[t] += b
-        m = logits.max()
-        logz = m + np.log(np.exp(logits - m).sum())
+        m = float(logits.max())
+        logz = m + float(np.log(np.exp(logits - m).sum(dtype=np.float64)))
         top: list[TopLogprob] = []
         if k > 0:
             best = np.argpartition(-logits, k)[:k] if k < self.n_vocab else np.arange(self.n_vocab)

@@ -139,3 +139,21 @@ def test_responses_text_format_takes_the_same_path(daemon):
         c.responses.create(model="tiny", input="A number", temperature=0, max_output_tokens=20,
                            text={"format": {**fmt, "schema": {"type": "integer", "multipleOf": 3}}})  # fmt: skip
     assert "multipleOf" in str(exc.value)
+
+
+@pytest.mark.gemma
+def test_gemma_parse_with_pydantic(gemma_gguf, tmp_path):
+    class Answer(pydantic.BaseModel):
+        country: str = pydantic.Field(max_length=20)
+        capital: str = pydantic.Field(max_length=20)
+        population_millions: int = pydantic.Field(ge=0, le=2000)
+
+    with Daemon(tmp_path, {"gemma": gemma_gguf}, n_seq_max=1, n_ctx=1024, threads=2) as d:
+        c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        raw = c.chat.completions.with_raw_response.parse(
+            model="gemma", messages=[{"role": "user", "content": "France: its capital and population, as JSON."}],
+            response_format=Answer, temperature=0, max_tokens=80)  # fmt: skip
+        done = raw.parse()
+        parsed = done.choices[0].message.parsed
+        assert isinstance(parsed, Answer) and 0 <= parsed.population_millions <= 2000
+        assert "minimum" in raw.headers["x-structured-output"] and "unenforced=-" in raw.headers["x-structured-output"]
