@@ -44,9 +44,6 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     tool_format: str | None = None
     thinking_start: str | None = None
     thinking_end: str | None = None
-    # admission (the gateway's per-model queue; not passed to the worker)
-    max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
-    queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
     # true: control tokens are parsed inside message contents too (a user's "<start_of_turn>" opens a
     # turn); the default recognises them in the chat template's own text only
     content_special: bool | None = None
@@ -57,6 +54,14 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
+    # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
+    max_retained_tokens: int | None = None
+    kv_ram_bytes: int | None = None
+    kv_disk_bytes: int | None = None
+    # admission (the gateway's per-model queue; not passed to the worker)
+    max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
+    queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -69,8 +74,13 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key")
 
 # what a model gets where neither the operator nor its manifest says otherwise
-BUILTIN_MODEL_SETTINGS = ModelSettings(n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, queue_timeout_ms=60_000,
-                                       extra_buffers="auto")
+BUILTIN_MODEL_SETTINGS = ModelSettings(
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000,
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30,
+)  # fmt: skip
+
+# Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
+CLAUDE_CODE_ATTRIBUTION = r"(?m)^x-anthropic-billing-header:[^\n]*(\n|$)"
 
 
 class ApiKey(msgspec.Struct, forbid_unknown_fields=True):
@@ -87,6 +97,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     port: int = DEFAULT_PORT
     model_cache_dir: str | None = None
     runtime_dir: str | None = None
+    kv_cache_dir: str | None = None  # disk tier of saved KV states; default: "kv" beside the model cache
+    # regexes whose matches are removed from system messages before rendering, so that a line that
+    # changes every request does not defeat prefix reuse (default: Claude Code's attribution line)
+    prompt_normalizers: list[str] = msgspec.field(default_factory=lambda: [CLAUDE_CODE_ATTRIBUTION])
     aliases: dict[str, str] = {}
     # API keys for every family: empty (and no anthropic_api_keys): open, the local default. A family
     # any key names (or a key with no families) is protected: a missing or unknown key gets 401 in
@@ -142,6 +156,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     keep_alive_timeout: float = 30.0
     max_connections: int = 1024
     max_header_bytes: int = 65536
+    run_num_predict: int = 1024  # `bictl run`: tokens per answer unless --max-tokens (0: no cap)
 
     # ---- reload ---------------------------------------------------------------------
     def apply_reload(self, fresh: "Settings") -> list[str]:
@@ -171,6 +186,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("barrel_inference_server")) / "models"
+
+    def kv_dir(self) -> Path:
+        if self.kv_cache_dir:
+            return Path(self.kv_cache_dir).expanduser()
+        return self.cache_dir().parent / "kv"
 
     def run_dir(self) -> Path:
         """Worker sockets, the pid file and the daemon's lock. The default is per port, so that two

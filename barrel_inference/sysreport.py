@@ -111,7 +111,18 @@ def model_entry(info: Any) -> dict:
         "weight_buffers": buffers,
         "amx_in_use": "AMX" in buffers,
         "repack_in_use": any(b.endswith("_REPACK") for b in buffers),
+        "kv_selftest": getattr(info, "kv_selftest", None),
     }
+
+
+def kv_selftest_text(test: dict | None) -> str:
+    """One line on the load-time KV save/restore check."""
+    if not test:
+        return "off (no RAM tier)"
+    probes = ", ".join(f"{p['tokens']} tokens {'exact' if p['exact'] else 'off by %.3g' % p['max_abs_diff']}" for p in test.get("probes", []))
+    limit = test.get("exact_up_to")
+    verdict = "exact" if limit is None else ("not exact: tiers off" if limit == 0 else f"exact up to {limit} tokens (longer states recomputed)")
+    return f"{verdict} ({probes})"
 
 
 def render_text(report: dict) -> str:
@@ -146,6 +157,7 @@ def render_text(report: dict) -> str:
                 f"model {m['name']}: profile {m['profile']}, extra buffers {'on' if m['extra_buffers'] else 'off'}, "
                 f"weights in {', '.join(m['weight_buffers']) or '?'} ({m['reason']})"
             )
+            lines.append(f"  KV restore:   {kv_selftest_text(m.get('kv_selftest'))}")
     else:
         lines.append("models:         none loaded")
     if report["fallbacks"]:

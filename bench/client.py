@@ -28,6 +28,7 @@ class StreamResult:
     n_chunks: int = 0
     usage_tokens: int | None = None  # completion_tokens from a usage object, when the server sends one
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server reports it
     finish_reason: str | None = None
     text: str = ""
 
@@ -53,6 +54,7 @@ class RequestSpec:
     temperature: float = 0.0
     seed: int = 1234
     suppress: tuple[int, ...] = DEFAULT_SUPPRESS
+    headers: dict | None = None  # e.g. x-session-id
 
     def body(self, model: str) -> dict:
         b: dict = {
@@ -108,7 +110,7 @@ class LoadClient:
         chat = spec.messages is not None
         parts: list[str] = []
         try:
-            async with self.session.post(self.base_url + spec.path, json=spec.body(self.model)) as resp:
+            async with self.session.post(self.base_url + spec.path, json=spec.body(self.model), headers=spec.headers) as resp:
                 if resp.status != 200:
                     res.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     res.t_end = time.perf_counter()
@@ -138,6 +140,9 @@ class LoadClient:
                                 res.usage_tokens = int(usage["completion_tokens"])
                             if usage.get("prompt_tokens") is not None:
                                 res.prompt_tokens = int(usage["prompt_tokens"])
+                            details = usage.get("prompt_tokens_details") or {}
+                            if details.get("cached_tokens") is not None:
+                                res.cached_tokens = int(details["cached_tokens"])
                         for ch in obj.get("choices") or []:
                             piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
                             if ch.get("finish_reason"):

@@ -1,4 +1,4 @@
-"""Checks of the harness's own arithmetic and SSE parsing (not collected by CI: `pytest bench/test_harness.py`)."""
+"""Checks of the harness's own arithmetic and SSE parsing (collected with the test suite: `bench` is in testpaths)."""
 
 from __future__ import annotations
 
@@ -121,3 +121,19 @@ def test_ratios_split_the_gateway_cost_from_the_worker():
     assert r["ours-worker / llama-server"]["tok_s"]["8"] == pytest.approx(100 / 95)
     assert r["ours / ours-worker"]["tok_s"]["8"] == pytest.approx(0.9)
     assert "ours-worker / llama-server" not in ratios({"systems": {"ours-worker": fig(1.0), "llama-server": {"error": "x"}}})
+
+
+def test_cpu_profiles_reports_a_crash_by_its_signal_and_reads_a_run(tmp_path):
+    from bench.cpu_profiles import run_one
+
+    crash = tmp_path / "crash"
+    crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    ok = tmp_path / "ok"
+    ok.write_text('#!/bin/sh\necho "llama.cpp noise"\necho "{\\"decode_tok_s\\": 40.5, \\"lib\\": \\"$LLAMA_CPP_LIB_PATH\\"}"\n')
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\necho 'ImportError: no llama_cpp' >&2\nexit 1\n")
+    for f in (crash, ok, failing):
+        f.chmod(0o755)
+    assert run_one(str(crash), "m.gguf", True, 2, 30) == {"error": "crash (signal 11, SIGSEGV)"}
+    assert run_one(str(ok), "m.gguf", False, 2, 30, {"LLAMA_CPP_LIB_PATH": "/opt/x"}) == {"decode_tok_s": 40.5, "lib": "/opt/x"}
+    assert run_one(str(failing), "m.gguf", False, 2, 30) == {"error": "exit 1: ImportError: no llama_cpp"}

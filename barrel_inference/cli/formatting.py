@@ -127,3 +127,38 @@ def echo_json(data) -> None:
     import json
 
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def processor(size: int | None, size_vram: int | None) -> str:
+    """Ollama's PROCESSOR column: where the model's bytes live (100% CPU, 100% GPU or a CPU/GPU split)."""
+    if not size:
+        return "?"
+    gpu = max(0, min(100, round(100 * (size_vram or 0) / size)))
+    if gpu == 0:
+        return "100% CPU"
+    if gpu == 100:
+        return "100% GPU"
+    return f"{100 - gpu}%/{gpu}% CPU/GPU"
+
+
+def until(expires_at: str | None, now: dt.datetime | None = None) -> str:
+    """Ollama's UNTIL column: when an idle model unloads ('Forever' for a model that stays)."""
+    if not expires_at:
+        return "?"
+    try:
+        t = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
+    except ValueError:
+        return expires_at
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    s = (t - now).total_seconds()
+    if s > 100 * 365 * 86400:
+        return "Forever"
+    if s <= 0:
+        return "Stopping..."
+    for limit, div, unit in ((60, 1, "second"), (3600, 60, "minute"), (86400, 3600, "hour"), (float("inf"), 86400, "day")):
+        if s < limit:
+            n = max(1, int(s // div))
+            return f"{n} {unit}{'s' if n != 1 else ''} from now"
+    return expires_at  # pragma: no cover

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import click
 
+from .alias import alias
 from .chat import embed, run
 from .client import CLIError
 from .context import State
-from .daemon import serve, stop, version
+from .create import create
+from .daemon import logs, serve, shutdown, stop, version
 from .doctor import doctor
 from .worker import worker
 from .models import COMMANDS
@@ -38,7 +40,7 @@ def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float):
     ctx.obj = State(host=host, json=as_json, timeout=timeout)
 
 
-for command in [*COMMANDS, run, embed, serve, stop, version, doctor, worker]:
+for command in [*COMMANDS, create, run, embed, serve, stop, shutdown, logs, version, doctor, worker, alias]:
     main.add_command(command)
 
 

@@ -1,4 +1,4 @@
-"""Model commands: pull, list, ps, show, rm, copy, search, unload."""
+"""Model commands: pull, list, ps, show, rm, copy (cp), create, search, unload / stop MODEL."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import click
 
 from .client import CLIError
 from .context import State, json_option
-from .formatting import PullProgress, ago, echo_json, human_size, table
+from .formatting import PullProgress, ago, echo_json, human_size, processor, table, until
+from .names import model_hint
+
+MODEL_ARG = {"shell_complete": lambda ctx, param, incomplete: _complete(ctx, incomplete)}
 
 
-def not_found_hint(exc: CLIError, name: str) -> CLIError:
-    if exc.status == 404 and "bictl pull" not in exc.message:
-        exc.message += f" — see `bictl list`, or pull it with `bictl pull {name}`"
-    return exc
+def _complete(ctx, incomplete):
+    from .chat import complete_models
+
+    return complete_models(ctx, incomplete)
 
 
 @click.command()
@@ -39,6 +42,10 @@ def pull(state: State, spec: str, name: str | None, sha256: str | None):
     try:
         for ev in events:
             bar.update(ev)
+    except KeyboardInterrupt:
+        # closing the stream tells the daemon: it cancels the job and removes the partial download
+        bar.finish_layer()
+        raise CLIError(f"pull of {spec} cancelled", exit_code=130) from None
     finally:
         bar.finish_layer()
 
@@ -47,13 +54,13 @@ def pull(state: State, spec: str, name: str | None, sha256: str | None):
 @json_option
 @click.pass_obj
 def list_models(state: State):
-    """List the models on disk (NAME SIZE MODIFIED)."""
+    """List the models on disk (NAME ID SIZE MODIFIED)."""
     models = state.client().call("GET", "/api/tags")["models"]
     if state.json:
         echo_json(models)
         return
-    rows = [[m["name"], human_size(m.get("size")), ago(m.get("modified_at"))] for m in models]
-    click.echo(table(["NAME", "SIZE", "MODIFIED"], rows))
+    rows = [[m["name"], (m.get("digest") or "")[:12] or "?", human_size(m.get("size")), ago(m.get("modified_at"))] for m in models]
+    click.echo(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
 
 
 @click.command()
@@ -65,14 +72,15 @@ def ps(state: State):
     if state.json:
         echo_json(models)
         return
-    rows = [[m["name"], human_size(m.get("size")), str(m.get("context_length") or "?"), str(m.get("n_seq_max") or "?"),
-             str(m.get("in_flight") if m.get("in_flight") is not None else "?"), str(m.get("pid") or "remote"), ago(m.get("started_at"))]
+    rows = [[m["name"], (m.get("digest") or "")[:12] or "?", human_size(m.get("size")), processor(m.get("size"), m.get("size_vram")),
+             str(m.get("context_length") or "?"), str(m.get("n_seq_max") or "?"),
+             str(m.get("in_flight") if m.get("in_flight") is not None else "?"), str(m.get("pid") or "remote"), until(m.get("expires_at"))]
             for m in models]  # fmt: skip
-    click.echo(table(["NAME", "SIZE", "CONTEXT", "SEQS", "IN FLIGHT", "PID", "STARTED"], rows))
+    click.echo(table(["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SEQS", "IN FLIGHT", "PID", "UNTIL"], rows))
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", **MODEL_ARG)
 @click.option("--modelfile", is_flag=True, help="Print the Modelfile.")
 @click.option("--template", is_flag=True, help="Print the chat template.")
 @click.option("--parameters", is_flag=True, help="Print the parameters.")
@@ -83,7 +91,7 @@ def show(state: State, name: str, modelfile: bool, template: bool, parameters: b
     try:
         info = state.client().call("POST", "/api/show", {"model": name})
     except CLIError as exc:
-        raise not_found_hint(exc, name)
+        raise model_hint(state, exc, name) from None
     if state.json:
         echo_json(info)
         return
@@ -123,7 +131,7 @@ def show(state: State, name: str, modelfile: bool, template: bool, parameters: b
 
 
 @click.command()
-@click.argument("names", nargs=-1, required=True)
+@click.argument("names", nargs=-1, required=True, **MODEL_ARG)
 @json_option
 @click.pass_obj
 def rm(state: State, names: tuple[str, ...]):
@@ -134,7 +142,7 @@ def rm(state: State, names: tuple[str, ...]):
         try:
             client.call("DELETE", "/api/delete", {"model": name})
         except CLIError as exc:
-            raise not_found_hint(exc, name)
+            raise model_hint(state, exc, name) from None
         done.append(name)
         if not state.json:
             click.echo(f"deleted '{name}'")
@@ -143,7 +151,7 @@ def rm(state: State, names: tuple[str, ...]):
 
 
 @click.command()
-@click.argument("source")
+@click.argument("source", **MODEL_ARG)
 @click.argument("destination")
 @json_option
 @click.pass_obj
@@ -152,7 +160,7 @@ def copy(state: State, source: str, destination: str):
     try:
         state.client().call("POST", "/api/copy", {"source": source, "destination": destination})
     except CLIError as exc:
-        raise not_found_hint(exc, source)
+        raise model_hint(state, exc, source) from None
     if state.json:
         echo_json({"source": source, "destination": destination})
     else:
@@ -189,15 +197,19 @@ def search(state: State, query, limit, sources, hf_filter, timeout):
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", **MODEL_ARG)
 @json_option
 @click.pass_obj
 def unload(state: State, name: str):
-    """Stop a model's worker (it loads again on the next request)."""
+    """Stop a model's worker (it loads again on the next request); the same as `bictl stop MODEL`."""
+    unload_model(state, name)
+
+
+def unload_model(state: State, name: str) -> None:
     try:
         res = state.client(timeout=60).call("POST", "/api/unload", {"model": name})
     except CLIError as exc:
-        raise not_found_hint(exc, name)
+        raise model_hint(state, exc, name) from None
     if state.json:
         echo_json(res)
     elif res.get("unloaded"):
@@ -206,4 +218,7 @@ def unload(state: State, name: str):
         click.echo(f"'{res['model']}' was not loaded", err=True)
 
 
-COMMANDS = [pull, list_models, ps, show, rm, copy, search, unload]
+cp = click.Command("cp", callback=copy.callback, params=copy.params, help="An alias of `copy`.")
+
+
+COMMANDS = [pull, list_models, ps, show, rm, copy, cp, search, unload]

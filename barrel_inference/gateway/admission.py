@@ -146,5 +146,11 @@ class Admission:
         max_queue, timeout_s = self.limits(name)
         return await self.queue(name).acquire(capacity, max_queue, timeout_s)
 
+    def forget(self, name: str) -> None:
+        """Drop the queue of a deleted model when nothing waits in it (its gauges go with it)."""
+        q = self._queues.get(name)
+        if q is not None and q.depth == 0:
+            del self._queues[name]
+
     def depths(self) -> dict[str, int]:
         return {name: q.depth for name, q in self._queues.items()}

@@ -15,16 +15,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
-from . import health, system
+from . import aliases, health, openapi, system, webui
 from .admission import Admission
 from .auth import ApiKeyMiddleware
 from .errors import GatewayError
 from .family import Families, Family
 from .http import new_id
 from .logging import make_logger
-from .metrics import GatewayMetrics
+from .metrics import GatewayMetrics, build_labels
 from .outcomes import OutcomeCounter
 from .security import BrowserGuard
+from .sessions import PromptNormalizer
 from .workers import ModelManager
 
 # The API families, by module: each has `family() -> Family` (prefixes, routes, error envelope).
@@ -148,6 +149,7 @@ def create_app(
         models = ModelManager(settings, registry, logger=log)
 
     families = Families(families) if families is not None else load_families()
+    aliases.apply_overrides(settings)  # what `bictl alias` set, over the config file's [aliases]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -165,17 +167,19 @@ def create_app(
             log.info("gateway_stopped")
 
     app = Starlette(
-        routes=[*health.routes(), *system.routes(), *(r for family in families.all for r in family.routes())],
+        routes=[*webui.routes(), *openapi.routes(), *health.routes(), *aliases.routes(), *system.routes(),
+                *(r for family in families.all for r in family.routes())],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.registry = registry
     app.state.models = models
-    app.state.metrics = GatewayMetrics()
+    app.state.metrics = GatewayMetrics(**build_labels(settings))
     app.state.admission = Admission(settings, app.state.metrics)
     app.state.log = log
-    app.state.families = families
+    app.state.normalizer = PromptNormalizer(settings.prompt_normalizers)
+    app.state.families = families  # /openapi.json reads their schema tables too
     models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
     app.add_middleware(ApiKeyMiddleware, settings=settings, families=families)

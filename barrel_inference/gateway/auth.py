@@ -3,7 +3,7 @@
 An ASGI middleware in front of the routes. It reads the settings on each request, so a config reload
 (SIGHUP) adds or revokes keys without a restart. A family is protected when a configured key names it
 (or a key names no family); then a request without a key known for that family gets 401 in the
-family's own envelope. Management routes (pull, delete, create, copy, edit, push, unload) need a key
+family's own envelope. Management routes (pull, delete, create, copy, edit, push, unload, alias set / rm) need a key
 marked admin once any key is configured (403 for a known key that is not admin). /health stays open;
 /metrics needs a key only with metrics_require_key. Keys are compared in constant time, every key
 every time.
@@ -21,6 +21,8 @@ from .family import Families
 
 OPEN_PATHS = ("/health",)
 MANAGEMENT_PATHS = ("/api/pull", "/api/delete", "/api/create", "/api/copy", "/api/edit", "/api/push", "/api/unload")
+# PUT / DELETE under it change the daemon's aliases (`bictl alias set / rm`): management too
+ALIAS_PATH = "/api/aliases/"
 # how each family's clients send a key
 X_API_KEY_FAMILIES = ("anthropic",)
 
@@ -72,7 +74,7 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         family = route_family(self.families, path, headers)
-        management = path in MANAGEMENT_PATHS
+        management = path in MANAGEMENT_PATHS or (path.startswith(ALIAS_PATH) and scope.get("method") != "GET")
         protected = management or path == "/metrics" or any(_covers(k, family) for k in keys)
         if not protected:
             return await self.app(scope, receive, send)

@@ -5,8 +5,6 @@ Every API family maps `GatewayError.info.code` (a protocol ErrorCode) to its own
 
 from __future__ import annotations
 
-import math
-
 from ..protocol import ErrorCode, ErrorInfo
 
 
@@ -53,11 +51,3 @@ class WorkerCrashed(GatewayError):
         super().__init__(ErrorCode.WORKER_UNAVAILABLE, message, retryable=True)
         self.signal = signal
         self.extra_buffers = extra_buffers
-
-
-def with_retry_after(headers: dict, exc: Exception) -> dict:
-    """`headers` plus retry-after where the error knows how long to wait (a worker in its restart backoff)."""
-    wait = getattr(exc, "retry_after", None)
-    if wait is not None:
-        headers = {**headers, "retry-after": str(max(1, math.ceil(wait)))}
-    return headers

@@ -177,6 +177,11 @@ class Generation:
             if usage is not None:
                 metrics.prompt_tokens.labels(label).inc(usage.prompt_tokens)
                 metrics.cached_tokens.labels(label).inc(usage.cached_tokens)
+            if done is not None and done.cache is not None:
+                metrics.record_cache(label, done.cache)
+                fields["cache"] = done.cache.kind
+                if done.cache.miss:
+                    fields["cache_miss"] = done.cache.miss
             if stream.t_first_token is not None:
                 metrics.ttft.labels(label).observe(stream.t_first_token - stream.t_submit)
                 fields["ttft_ms"] = round((stream.t_first_token - stream.t_submit) * 1000, 1)
@@ -192,6 +197,8 @@ class Generation:
             fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)
         if timings is not None:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
+        if self.submit.session:
+            fields["session"] = self.submit.session
         if self.queue_ms is not None:
             fields["gateway_queue_ms"] = round(self.queue_ms, 1)
         if self.request_id != self.id:
@@ -215,3 +222,26 @@ def record_rejected(state: Any, *, api: str, request_id: str, error: GatewayErro
         "request", request_id=request_id, api=api, model=model, status=error.code.value, error=error.info.message,
         param=error.param,
     )  # fmt: skip
+
+
+def record_embedding(
+    state: Any, *, api: str, model: str, request_id: str, inputs: int, prompt_tokens: int | None, t0: float,
+    error: GatewayError | None = None,
+) -> None:
+    """Count and log one embedding request as generations are: the requests counter, prompt tokens, e2e latency
+    and one `request` log line."""
+    metrics, total_s = state.metrics, time.monotonic() - t0
+    status = error.code.value if error is not None else "ok"
+    label = model or "unknown"
+    metrics.requests.labels(label, api, status).inc()
+    fields: dict[str, Any] = {}
+    if error is None:
+        metrics.prompt_tokens.labels(label).inc(prompt_tokens or 0)
+        metrics.embedded_inputs.labels(label).inc(inputs)
+        metrics.e2e.labels(label).observe(total_s)
+        fields["prompt_tokens"] = prompt_tokens or 0
+    else:
+        fields["error"] = error.info.message
+    emit = state.log.warning if error is not None else state.log.info
+    emit("request", request_id=request_id, api=api, model=model, status=status, inputs=inputs,
+         total_ms=round(total_s * 1000, 1), **fields)  # fmt: skip

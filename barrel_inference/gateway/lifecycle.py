@@ -43,6 +43,7 @@ from .family import Family
 from .generation import Generation, Result, record_rejected
 from .structured import receipt_header
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
+from .sessions import CACHE_MISS_HEADER, prepare
 
 DEFAULT_MAX_BODY = 256 * 1024 * 1024
 
@@ -151,7 +152,7 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     headers = {"x-request-id": request_id}
     try:
         req = adapter.decode(await read_body(request))
-        submit = adapter.to_submit(req, rid)
+        submit = prepare(adapter.to_submit(req, rid), getattr(state, "normalizer", None), request.headers)
         model = adapter.model(req)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
@@ -168,6 +169,8 @@ async def serve(request: Request, adapter: Adapter) -> Response:
     except ClientDisconnected:
         return Response(status_code=499)
     headers.update(receipt_header(gen.accepted.schema_receipt))
+    if gen.accepted.cache_miss:  # known before any output: streamed responses carry it too
+        headers[CACHE_MISS_HEADER] = gen.accepted.cache_miss
     ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model, hello=gen.hello)
     if stream:
         body = _stream_body(gen, adapter.encoder(req, ctx))

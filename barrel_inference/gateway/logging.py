@@ -41,6 +41,35 @@ def make_logger(settings: Settings, *, stream: TextIO | None = None, name: str =
     )
 
 
+class StructlogHandler(std_logging.Handler):
+    """A stdlib logging handler that writes each record as a structlog event (hypercorn's own messages, for one),
+    so the daemon writes one stream of lines in one format."""
+
+    def __init__(self, log: Any, name: str) -> None:
+        super().__init__()
+        self.log = log.bind(logger_name=name)
+
+    def emit(self, record: std_logging.LogRecord) -> None:
+        try:
+            method = getattr(self.log, record.levelname.lower(), self.log.info)
+            fields: dict[str, Any] = {}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            method("server_message", message=record.getMessage(), **fields)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+def stdlib_logger(log: Any, name: str, settings: Settings) -> std_logging.Logger:
+    """A stdlib logger named `name` whose records go through `log` (and nowhere else). It is not registered in
+    the logging module's global tree: each app has its own."""
+    logger = std_logging.Logger(name)
+    logger.handlers = [StructlogHandler(log, name)]
+    logger.propagate = False
+    logger.setLevel(_level(settings))
+    return logger
+
+
 def configure_process_logging(settings: Settings) -> None:
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *_processors(settings)],

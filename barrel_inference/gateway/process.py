@@ -46,6 +46,9 @@ _FLAGS = {
     "use_mmap": "--use-mmap",
     "use_mlock": "--use-mlock",
     "content_special": "--content-special",
+    "max_retained_tokens": "--max-retained-tokens",
+    "kv_ram_bytes": "--kv-ram-bytes",
+    "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
 }
 

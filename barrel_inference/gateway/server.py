@@ -14,8 +14,10 @@ from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.config import Config
 
 from ..config import Settings
+from .aliases import apply_overrides
 from .app import create_app
-from .logging import configure_process_logging, make_logger
+from .logging import configure_process_logging, make_logger, stdlib_logger
+from .ports import check_free
 from .runtime import RuntimeLock
 
 
@@ -73,12 +75,13 @@ def _install_connection_cap() -> None:
         hypercorn_run.TCPServer = CappedTCPServer
 
 
-def hypercorn_config(settings: Settings) -> Config:
+def hypercorn_config(settings: Settings, log=None) -> Config:
     config = Config()
     host = f"[{settings.host}]" if ":" in settings.host and not settings.host.startswith("[") else settings.host
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None  # the gateway writes its own line per request
-    config.errorlog = "-"
+    # hypercorn's own messages go through the gateway's structlog logger: one stream, one format
+    config.errorlog = stdlib_logger(log or make_logger(settings), "hypercorn.error", settings)
     config.graceful_timeout = 5.0
     # hypercorn's idle timer runs from a connection's start (and each response's end) until a
     # request's head is complete: it bounds both keep-alive and how long a head may take (slowloris)
@@ -94,17 +97,19 @@ async def serve(settings: Settings, shutdown_event: asyncio.Event, **app_kwargs)
 
     The daemon holds its runtime dir's lock throughout (RuntimeDirBusy when another one has it)."""
     log = app_kwargs.pop("logger", None) or make_logger(settings)
+    check_free(settings.host, settings.port)  # PortInUse: one line for a person, before anything starts
     with RuntimeLock(settings.run_dir()):
         app = create_app(settings, logger=log, **app_kwargs)
         log.info("gateway_listening", url=settings.base_url(), pid=os.getpid(), runtime_dir=str(settings.run_dir()))
         _install_connection_cap()
-        await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_event.wait)
+        await hypercorn_serve(app, hypercorn_config(settings, log), shutdown_trigger=shutdown_event.wait)
 
 
 def reload_config(settings: Settings, load: Callable[[], Settings], log) -> list[str]:
     """Load the config again and apply its reloadable keys; a config that does not load changes nothing."""
     try:
         fresh = load()
+        apply_overrides(fresh)  # aliases set with `bictl alias` stay over the file's
     except Exception as exc:  # noqa: BLE001 - a bad edit must not take the daemon down
         log.error("config_reload_failed", error=str(exc))
         return []

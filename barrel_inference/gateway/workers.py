@@ -35,7 +35,7 @@ from .errors import GatewayError, WorkerCrashed, worker_unavailable
 from .fallbacks import FallbackStore
 from .link import WorkerLink
 from .logging import make_logger
-from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, tool_argv, worker_argv
+from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, slug, tool_argv, worker_argv
 
 UNLOAD_DRAIN_S = 2.0
 
@@ -62,6 +62,7 @@ class RunningModel(msgspec.Struct):
     extra_buffers: bool | None = None
     engine_reason: str = ""
     weight_buffers: list[str] = []
+    kv_selftest: dict | None = None  # does a saved KV state restore exactly (see EngineInfo)
 
 
 class WorkerHandle:
@@ -120,6 +121,7 @@ class WorkerHandle:
             extra_buffers=h.engine_info.extra_buffers if h.engine_info else None,
             engine_reason=h.engine_info.reason if h.engine_info else "",
             weight_buffers=list(h.engine_info.weight_buffers) if h.engine_info else [],
+            kv_selftest=h.engine_info.kv_selftest if h.engine_info else None,
         )  # fmt: skip
 
 
@@ -280,6 +282,7 @@ class ModelManager:
         run_dir.mkdir(parents=True, exist_ok=True)
         endpoint = ipc_endpoint(run_dir, record.name)
         argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
+        argv += ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
         proc = WorkerProcess(record.name, argv, self.log)
         await proc.start()
         link = WorkerLink(

@@ -11,8 +11,9 @@ Rules for changing the link:
 
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
-tool_call_invalid, Submit's tool_choice / parallel_tool_calls / template_kwargs / thinking_budget; 3 error codes
-output_invalid and invalid_api_key, Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
+tool_call_invalid, forbidden / unsupported_media_type (gateway-side), Submit's tool_choice / parallel_tool_calls /
+template_kwargs / thinking_budget, Accepted.cache / cache_miss; 3 error codes output_invalid and invalid_api_key,
+Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "Delta",
     "Usage",
     "Timings",
+    "CacheInfo",
     "Done",
     "Tick",
     "Reply",
@@ -285,6 +287,9 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     system_info: str = ""  # llama.cpp's llama_print_system_info()
     llama_cpp_version: str = ""
     warmup_ms: float = 0.0
+    # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
+    # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
+    kv_selftest: dict | None = None
 
 
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):
@@ -371,6 +376,8 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     cached_tokens: int = 0  # prompt tokens found in the sequence's KV cache
     n_ctx: int = 0  # the sequence's context (prompt + output)
     tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
+    cache: str = ""  # how the cached prefix was found (CacheInfo.kind)
+    cache_miss: str = ""  # why a known session reused less than its last turn committed (CacheInfo.miss)
     schema_receipt: SchemaReceipt | None = None  # set when the request has a json_schema
 
 
@@ -419,6 +426,25 @@ class Timings(msgspec.Struct):
     decode_ms: float = 0.0
 
 
+class CacheInfo(msgspec.Struct, omit_defaults=True):
+    """How a request's prompt prefix was found, and the worker's saved-state tiers after it.
+
+    kind: sticky (the session's own sequence), prefix (an idle cache the prompt extends), copy (a
+    prefix copied from another sequence), ram / disk (a saved state restored), cold (nothing).
+    miss: why a known session reused less than its previous turn committed: "evicted",
+    "diverged-at=<token index>", "template-changed" or "model-reloaded"; empty otherwise.
+    """
+
+    kind: str = "cold"
+    miss: str = ""
+    evaluated_tokens: int = 0  # prompt tokens computed (prompt_tokens - cached_tokens)
+    ram_bytes: int = 0
+    ram_entries: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    evictions: int = 0  # caches taken out of sequences so far (saved to a tier or lost)
+
+
 class Done(msgspec.Struct, omit_defaults=True):
     """A request's end. `finish_reason` is a FinishReason once decoded: an unknown value fails the request."""
 
@@ -428,6 +454,7 @@ class Done(msgspec.Struct, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: Timings = msgspec.field(default_factory=Timings)
     error: ErrorInfo | None = None
+    cache: CacheInfo | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.finish_reason, FinishReason):

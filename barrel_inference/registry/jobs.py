@@ -9,6 +9,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import structlog
 
@@ -18,7 +19,7 @@ from .layout import spec_hash
 from .records import ModelRecord, now_utc
 from .specs import parse_spec
 
-log = structlog.get_logger("barrel_inference.registry.pull")
+log = structlog.get_logger(logger_name="barrel_inference.registry.pull")
 
 PROGRESS_INTERVAL = 0.1
 
@@ -47,6 +48,10 @@ class PullJob:
         self._changed = asyncio.Event()
         self._done = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.watchers = 0  # streaming clients following the job; the last one leaving cancels it
+        self.detached = False  # started in the background: runs whoever watches
+        self.part: Path | None = None  # the partial download, removed when the job is cancelled
+        self.cancelled_by_client = False
 
     # ---- state changes (called by the runner) ---------------------------------------------------------
     def _notify(self) -> None:
@@ -164,7 +169,7 @@ class PullManager:
 
     def __init__(self, registry, *, fetcher: Fetcher | None = None, retention: float | None = None):
         self.registry = registry
-        self.log = getattr(registry, "log", log)
+        self.log = getattr(registry, "log", log).bind(logger_name="barrel_inference.registry.pull")
         self.fetcher = fetcher or Fetcher(registry.settings)
         self.retention = retention if retention is not None else getattr(registry.settings, "pull_retention", 300.0)
         self._jobs: dict[str, PullJob] = {}
@@ -208,6 +213,45 @@ class PullManager:
         job.task = asyncio.get_running_loop().create_task(self._run(job, parsed, key), name=f"pull {spec}")
         return job
 
+    def cancel(self, job: PullJob) -> bool:
+        """Cancel a running job (its client went away): no partial download, blob or manifest stays behind.
+        A job already writing its manifest finishes (the model is complete then). Returns whether it was cancelled."""
+        if job.done or job.task is None or job.task.done() or job.phase in ("writing manifest", "removing unused layers", "success"):
+            return False
+        job.cancelled_by_client = True
+        job.task.cancel()
+        self.log.info("pull_cancelled", spec=job.spec, job=job.id, phase=job.phase)
+        return True
+
+    async def follow(self, job: PullJob) -> AsyncIterator[dict]:
+        """`job.events()` for one streaming client; when the last such client leaves early, the job is cancelled
+        (unless it was started in the background)."""
+        job.watchers += 1
+        finished = False
+        try:
+            async for ev in job.events():
+                yield ev
+            finished = True
+        finally:
+            job.watchers -= 1
+            if not finished and not job.done and job.watchers == 0 and not job.detached:
+                self.cancel(job)
+
+    async def wait_watched(self, job: PullJob) -> ModelRecord:
+        """`job.wait()` for one client; if that client goes away (this is cancelled) while nobody else follows the
+        job, the job is cancelled too."""
+        job.watchers += 1
+        left = False
+        try:
+            return await job.wait()
+        except asyncio.CancelledError:
+            left = True
+            raise
+        finally:
+            job.watchers -= 1
+            if left and not job.done and job.watchers == 0 and not job.detached:
+                self.cancel(job)
+
     def get(self, job_id: str) -> PullJob:
         self._purge()
         job = self._jobs.get(job_id)
@@ -238,7 +282,11 @@ class PullManager:
             self.log.warning("pull_failed", spec=job.spec, code=exc.code, error=exc.message)
             job.fail(exc)
         except asyncio.CancelledError:
-            job.fail(RegistryError("cancelled", f"the pull of {job.spec} was cancelled; pulling again resumes it"))
+            if job.cancelled_by_client:
+                self._discard(job)
+                job.fail(RegistryError("cancelled", f"the pull of {job.spec} was cancelled"))
+            else:
+                job.fail(RegistryError("cancelled", f"the pull of {job.spec} was cancelled; pulling again resumes it"))
             raise
         except Exception as exc:  # a bug, reported as such rather than hanging the waiters
             self.log.exception("pull_crashed", spec=job.spec)
@@ -246,6 +294,15 @@ class PullManager:
         finally:
             if self._active.get(key) is job:
                 del self._active[key]
+
+    def _discard(self, job: PullJob) -> None:
+        """What a cancelled pull leaves: its partial download and any blob no manifest refers to."""
+        if job.part is not None and not any(j is not job and j.part == job.part for j in self._active.values()):
+            job.part.unlink(missing_ok=True)
+        try:
+            self.registry.prune()
+        except OSError as exc:
+            self.log.warning("prune_failed", error=str(exc))
 
     async def _register_file(self, job: PullJob, plan: Plan) -> ModelRecord:
         if plan.sha256:
@@ -271,6 +328,7 @@ class PullManager:
                 protected.enter_context(self.registry.protect(plan.sha256))
             async with lock:
                 job.begin_layer(plan.layer_digest, plan.size, label)
+                job.part = layout.part_path(plan.key)
                 digest, size, part = await self.fetcher.fetch_part(plan, layout, job.on_progress)
                 job.on_progress(size, size)
                 job.digest = f"sha256:{digest}"

@@ -17,7 +17,7 @@ from .layout import CacheLayout, atomic_write_json, bare_hex
 from .names import normalize
 from .records import MANIFEST_SCHEMA, ModelRecord, now_utc, record_from_manifest
 
-log = structlog.get_logger("barrel_inference.registry")
+log = structlog.get_logger(logger_name="barrel_inference.registry")
 
 DEFAULT_MODEL = "gemma3:270m"
 
@@ -25,7 +25,7 @@ DEFAULT_MODEL = "gemma3:270m"
 class Registry:
     def __init__(self, settings, *, logger=None):
         self.settings = settings
-        self.log = logger if logger is not None else log
+        self.log = (logger if logger is not None else log).bind(logger_name="barrel_inference.registry")
         self.layout = CacheLayout(settings.cache_dir())
         self._protected: dict[str, int] = {}  # blob file names a pull in progress is about to refer to
         self._protected_lock = threading.Lock()
@@ -175,12 +175,25 @@ class Registry:
             mf.unlink()
         except FileNotFoundError:
             raise model_not_found(name) from None
+        self._drop_refs(canonical)
         # drop now-empty name directories
         parent = mf.parent
         while parent != self.layout.manifests and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
         return self.prune()
+
+    def _drop_refs(self, name: str) -> None:
+        """Forget what pull specs resolved to for `name` (refs/*.ref naming it)."""
+        if not self.layout.refs.is_dir():
+            return
+        for ref in self.layout.refs.glob("*.ref"):
+            try:
+                data = json.loads(ref.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("name") == name:
+                ref.unlink(missing_ok=True)
 
     def referenced_blobs(self) -> set[str]:
         refs = set()

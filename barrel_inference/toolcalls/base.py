@@ -102,6 +102,11 @@ class ToolCallFormat:
         `marker(text)`, the GBNF of a marker (a token reference where it is one special token)."""
         return None
 
+    def tool_span_grammar(self, alts: list[tuple[str, str]], parallel: bool, marker) -> str | None:
+        """For formats that write the name outside the arguments' JSON: the GBNF of a span after its
+        start marker, given (tool name, rule of its arguments) for each tool."""
+        return None
+
     def markers(self) -> list[str]:
         return [m for m in (self.start, *self.ends) if m]
 

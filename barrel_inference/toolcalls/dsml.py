@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from ..protocol import ToolCall
+from .grammar import literal
 from .base import ToolCallFormat, ToolCallParseError, arguments_object, canonical_arguments, dumps, loads_object
 
 BEGIN = "<｜tool▁calls▁begin｜>"
@@ -63,6 +64,13 @@ class Dsml(ToolCallFormat):
             f"{CALL_BEGIN}function{SEP}{c.name}\n```json\n{dumps(arguments_object(c))}\n```{CALL_END}" for c in calls
         ]
         return (BEGIN + "\n".join(blocks) + END).encode()
+
+    def tool_span_grammar(self, alts, parallel: bool, marker) -> str:
+        call = (f"{marker(CALL_BEGIN)} \"function\" {marker(SEP)} ( "
+                + " | ".join(f"{literal(name)} \"\\n```json\\n\" {rule}" for name, rule in alts)
+                + f" ) \"\\n```\" {marker(CALL_END)}")  # fmt: skip
+        more = f' ( "\\n" {call} )*' if parallel else ""
+        return f"{call}{more} {marker(END)}"
 
     def markers(self) -> list[str]:
         return [BEGIN, END, CALL_BEGIN, CALL_END, SEP]

@@ -7,6 +7,7 @@ end of generation (</s>).
 from __future__ import annotations
 
 from ..protocol import ToolCall
+from .grammar import literal
 from .base import ToolCallFormat, ToolCallParseError, arguments_object, call_from_object, canonical_arguments, dumps, loads_object, named_call_schema
 
 ARGS = "[ARGS]"
@@ -63,6 +64,13 @@ class MistralToolCalls(ToolCallFormat):
 class MistralToolCallsArgs(MistralToolCalls):
     name = "mistral-tool-calls-args"
     args_spelling = True
+
+    def tool_span_grammar(self, alts, parallel: bool, marker) -> str:
+        call = "( " + " | ".join(f"{literal(name)} {marker(ARGS)} {rule}" for name, rule in alts) + " )"
+        return f"{call} ( {marker(self.start)} {call} )*" if parallel else call
+
+    def markers(self) -> list[str]:
+        return [self.start, ARGS]
 
 
 FORMAT = MistralToolCalls()

@@ -7,6 +7,7 @@ a schema into Python) and never fetches a remote `$ref` (an unresolvable referen
 from __future__ import annotations
 
 import json
+import re
 
 from ..protocol import ToolCall
 from .base import tool_name, tool_parameters
@@ -18,6 +19,36 @@ class ToolSchemaError(ValueError):
     def __init__(self, message: str, index: int):
         super().__init__(message)
         self.index = index
+
+
+# a quantified group that holds a quantifier: (a+)+, (a|aa)*, (\w+\s?)* ... backtrack exponentially
+_NESTED = re.compile(r"\((?:[^()\\]|\\.)*[*+?}](?:[^()\\]|\\.)*\)\s*(?:[*+]|\{\d*,)")
+MAX_PATTERN = 1000
+
+
+def _patterns(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "pattern" and isinstance(v, str):
+                yield v
+            elif k == "patternProperties" and isinstance(v, dict):
+                yield from (p for p in v if isinstance(p, str))
+                yield from _patterns(v)
+            else:
+                yield from _patterns(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _patterns(v)
+
+
+def risky_pattern(pattern: str) -> str | None:
+    """Why a schema pattern is refused: checking the model's text against it could take exponential
+    time on the worker (Python's re has no time limit). None when it is accepted."""
+    if len(pattern) > MAX_PATTERN:
+        return f"is longer than {MAX_PATTERN} characters"
+    if _NESTED.search(pattern):
+        return "repeats a group that itself repeats (exponential backtracking)"
+    return None
 
 
 class ToolValidator:
@@ -35,6 +66,10 @@ class ToolValidator:
                 cls.check_schema(schema)
             except jsonschema.SchemaError as exc:
                 raise ToolSchemaError(f"the parameters of tool {name!r} are not a valid JSON Schema: {exc.message}", i) from exc
+            for pattern in _patterns(schema):
+                why = risky_pattern(pattern)
+                if why is not None:
+                    raise ToolSchemaError(f"a pattern in the parameters of tool {name!r} {why}: {pattern[:80]!r}", i)
             self._validators[name] = cls(schema)
 
     @property

@@ -40,6 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--use-mlock", type=_truth, default=None, metavar="true|false")
     p.add_argument("--content-special", type=_truth, default=False, metavar="true|false",
                    help="parse control tokens inside message contents too (the old, injectable behaviour)")
+    p.add_argument("--max-retained-tokens", type=int, default=None,
+                   help="tokens idle sequences keep in the KV cache together (least recently used dropped first)")
+    p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
+    p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
     p.add_argument("--engine-profile", choices=("default", "safe"), default="default",
                    help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
@@ -154,6 +159,8 @@ def main(argv=None) -> int:
         server = WorkerServer(
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
             log=_log, tools=tools, engine_info=info, insecure=args.insecure, content_special=args.content_special,
+            max_retained_tokens=args.max_retained_tokens, kv_ram_bytes=args.kv_ram_bytes, kv_disk_bytes=args.kv_disk_bytes,
+            kv_dir=args.kv_dir,
             curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
         )  # fmt: skip
     except CurveError as exc:

@@ -190,6 +190,7 @@ class LlamaEngine:
             mp.use_mmap = use_mmap
         if use_mlock is not None:
             mp.use_mlock = use_mlock
+        self.model_path = model_path
         self.model = L.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
             raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")
@@ -357,6 +358,104 @@ class LlamaEngine:
         """
         pos_min = self.seq_pos_min(seq)
         return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    # ---- saved sequence state -----------------------------------------------------------
+    def state_seq_save(self, seq: int) -> bytearray:
+        """The sequence's KV state as bytes (a copy; the caller owns it)."""
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        if size <= 0:
+            return b""
+        out = bytearray(size)
+        n = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(out), size, seq)
+        del out[n:]
+        return out
+
+    def state_seq_load(self, seq: int, data: bytes) -> bool:
+        """Restore a saved state into seq (cleared first); False when llama.cpp refused it."""
+        self.seq_clear(seq)
+        if not data:
+            return False
+        if isinstance(data, bytearray):  # no copy either way: llama.cpp only reads it
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            data = bytes(data)
+            buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq) == 0:
+            self.seq_clear(seq)
+            return False
+        return True
+
+    def state_key(self) -> dict:
+        """What saved states depend on besides the tokens: the model file and the settings that
+        change the KV contents or the numerics of the computation that made them."""
+        import hashlib
+
+        h = hashlib.sha256()
+        path = self.model_path
+        try:
+            st = os.stat(path)
+            h.update(f"{st.st_size}".encode())
+            with open(path, "rb") as f:
+                h.update(f.read(1 << 20))
+                f.seek(max(0, st.st_size - (1 << 20)))
+                h.update(f.read(1 << 20))
+        except OSError:
+            h.update(path.encode())
+        return {
+            "model": h.hexdigest()[:32], "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
+        }  # fmt: skip
+
+    def state_selftest(self) -> dict:
+        """Save and restore a probe sequence and compare the next token's logits with the run that
+        never left the cache. Returns {"exact_up_to": n or None (no limit), "probes": [...]}.
+
+        Run on an idle context (at load): it uses sequence 0 and clears it after.
+        """
+        lengths = [self.n_swa, self.n_swa + 64] if self.n_swa > 0 else [min(256, self.n_ctx // 2)]
+        lengths = [n for n in lengths if 2 <= n < min(self.n_ctx, self.n_batch * 64) - 1]
+        probes, limit = [], None
+        if not lengths:
+            return {"exact_up_to": limit, "probes": probes}
+        rng = np.random.default_rng(1234)
+        toks = [int(t) for t in rng.integers(0, self.n_vocab, lengths[-1] + 1)]
+        toks = [t if not self._eog[t] else (t + 1) % self.n_vocab for t in toks]
+        try:
+            # one probe sequence grows through every length. At each: save its state, decode the
+            # next token in place (the reference), then clear it, restore the state into the same,
+            # now empty, cells and decode that token again. Where the cells lie changes llama.cpp's
+            # float reductions like a different batch split does, so the test keeps the layout and
+            # asks only whether the saved state holds everything the model attends to.
+            n_done = 0
+            for n in lengths:
+                for start in range(n_done, n, self.n_batch):
+                    part = toks[start : min(n, start + self.n_batch)]
+                    if self.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * len(part)) != 0:
+                        raise EngineError("decode_failed", "the KV self-test's decode failed")
+                state = self.state_seq_save(0)
+                if self.decode([toks[n]], [n], [0], [True]) != 0:
+                    raise EngineError("decode_failed", "the KV self-test's decode failed")
+                ref = self._logits(0).copy()
+                self.seq_clear(0)
+                ok = self.state_seq_load(0, state) and self.decode([toks[n]], [n], [0], [True]) == 0
+                got = self._logits(0) if ok else None
+                exact = bool(ok and np.array_equal(got, ref))
+                probes.append({"tokens": n, "exact": exact, "max_abs_diff": float(np.max(np.abs(got - ref))) if ok else float("inf")})
+                if not exact and limit is None:
+                    limit = max([p["tokens"] for p in probes if p["exact"]], default=0)
+                if not ok:
+                    break
+                n_done = n + 1
+        finally:
+            self.seq_clear(0)
+        return {"exact_up_to": limit, "probes": probes}
+
+    def _logits(self, row: int) -> np.ndarray:
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:

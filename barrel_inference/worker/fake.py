@@ -1,7 +1,14 @@
 """A fake engine with the scheduler's engine interface: no model, tokens as fast as asked.
 
-Byte-level "vocabulary" (token = byte, plus EOS 256); each sequence emits a fixed text cyclically.
-Used by gateway tests and by the gateway-overhead benchmark.
+Byte-level "vocabulary" (token = byte, plus EOS 256). The "model" continues a fixed text cyclically:
+reading a sequence's tokens in order, it tracks how far the tail follows the text (a token that is
+the text's next byte advances the match, any other restarts it), and predicts the next byte of the
+text. A prompt that does not end inside the text therefore gets the text from its start.
+
+Like llama.cpp it keeps per-sequence KV state: decode checks that each sequence's positions continue
+its cache, and `sample(sampler, idx)` reads the prediction of batch row `idx` (a row decoded without
+logits, or out of range, is an error), so a scheduler that maps a request to the wrong row gets the
+wrong sequence's token. Used by gateway tests and by the gateway-overhead benchmark.
 """
 
 from __future__ import annotations
@@ -16,10 +23,7 @@ EOS = 256
 
 
 class FakeSampler:
-    __slots__ = ("i",)
-
-    def __init__(self) -> None:
-        self.i = 0
+    __slots__ = ()
 
     def free(self) -> None:
         pass
@@ -41,6 +45,9 @@ class FakeEngine:
         self._text = TEXT.encode()
         self.embed_seconds = embed_seconds  # time each embedding input takes
         self.max_token_chars = 1
+        # per sequence: match[i] = how far kv[:i] follows the text (len(kv) + 1 entries)
+        self._match: list[list[int]] = [[0] for _ in range(n_seq_max)]
+        self._rows: list[int | None] = []  # per row of the last batch: the predicted token, None without logits
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
@@ -57,9 +64,27 @@ class FakeEngine:
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
+    def _advance(self, m: int, tok: int) -> int:
+        text = self._text
+        if tok == text[m % len(text)]:
+            return m + 1
+        return 1 if tok == text[0] else 0
+
     def decode(self, tokens, pos, seqs, logits) -> int:
+        """Like llama_decode: -1 (nothing changes) unless every sequence's positions continue its cache."""
+        nxt: dict[int, int] = {}
+        for p, q in zip(pos, seqs):
+            if not 0 <= q < self.n_seq_max or p != nxt.get(q, len(self._match[q]) - 1):
+                return -1
+            nxt[q] = p + 1
         if self.tick_seconds:
             time.sleep(self.tick_seconds)
+        rows: list[int | None] = []
+        for tok, q, want in zip(tokens, seqs, logits):
+            m = self._advance(self._match[q][-1], tok)
+            self._match[q].append(m)
+            rows.append(self._text[m % len(self._text)] if want else None)
+        self._rows = rows
         return 0
 
     def make_sampler(self, sampling: Sampling, grammar: str | None = None) -> FakeSampler:
@@ -68,9 +93,10 @@ class FakeEngine:
         return FakeSampler()
 
     def sample(self, sampler: FakeSampler, idx: int) -> int:
-        tok = self._text[sampler.i % len(self._text)]
-        sampler.i += 1
-        return tok
+        """The prediction of row idx of the last batch (greedy: the sampler adds nothing)."""
+        if not 0 <= idx < len(self._rows) or self._rows[idx] is None:
+            raise EngineError("internal", f"batch row {idx} has no logits")
+        return self._rows[idx]
 
     def token_logprob(self, idx: int, token: int, k: int, bias=None):
         from ..protocol import TokenLogprob, TopLogprob
@@ -100,16 +126,33 @@ class FakeEngine:
         return vecs, total
 
     def seq_clear(self, seq: int) -> None:
-        pass
+        self._match[seq] = [0]
 
     def seq_truncate(self, seq: int, keep: int) -> bool:
+        del self._match[seq][keep + 1 :]
         return True
 
     def can_continue(self, seq: int, n_past: int) -> bool:
-        return True
+        return len(self._match[seq]) - 1 == n_past
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        pass
+
+    def state_seq_save(self, seq: int) -> bytes:
+        return b"fake-state"  # the fake keeps no KV: any state restores to nothing
+
+    def state_seq_load(self, seq: int, data) -> bool:
+        return bytes(data) == b"fake-state"
+
+    def state_key(self) -> dict:
+        return {"model": "fake", "n_ctx": self.n_ctx}
+
+    def state_selftest(self) -> dict:
+        return {"exact_up_to": None, "probes": []}
 
     def recreate_context(self) -> None:
-        pass
+        self._match = [[0] for _ in range(self.n_seq_max)]
+        self._rows = []
 
     def close(self) -> None:
         pass

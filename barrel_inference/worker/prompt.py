@@ -20,6 +20,11 @@ from .segments import Markers, align, tokenize_segments
 from .templates import ChatTemplate, TemplateError
 
 
+def _tail(message, spans: dict) -> str:
+    """The splice mark a message's content ends with, if any."""
+    return next((mark for mark in spans if message.content.endswith(mark)), "")
+
+
 class PromptError(Exception):
     def __init__(self, code: ErrorCode, message: str, param: str | None = None):
         super().__init__(message)
@@ -54,22 +59,65 @@ class PromptBuilder:
         return self.engine.tokenize(text, add_special=self._add_bos(text), parse_special=True)
 
     def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None,
-                          bounded: bool = True) -> list[int]:  # fmt: skip
+                          replayed: dict | None = None, bounded: bool = True) -> list[int]:  # fmt: skip
         """The chat prompt with control tokens recognised in the template's text only. bounded=False (a
-        count, off the scheduler thread): a prompt longer than the context is counted, not refused."""
+        count, off the scheduler thread): a prompt longer than the context is counted, not refused.
+
+        `replayed`: message index -> (raw, tokens) of a tool-call span the model itself wrote (the
+        replay map's exact bytes, which end that message's content): the span goes in as the model's
+        own tokens, so the earlier turn's KV cache is reused, and its markers stay control tokens."""
         plain = self.render(messages, tools, add_generation_prompt, extra)
         if bounded:
             self.check_chars(len(plain), "messages")
         special = getattr(self.engine, "control_tokens", None)
         if self.content_special or special is None:
-            return self.tokenize_rendered(plain)
+            toks = self.spliced(plain, messages, tools, add_generation_prompt, extra, replayed) if replayed else None
+            return toks if toks is not None else self.tokenize_rendered(plain)
         markers = Markers()
-        segments = align(markers.split(self.render(markers.messages(messages), tools, add_generation_prompt, extra)), plain)
-        tokens = tokenize_segments(segments, special, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+        base, spans = self._splice_marks(messages, markers, replayed or {})
+        template_plain = plain
+        if spans:
+            template_plain = self.render(base, tools, add_generation_prompt, extra)
+            restored = template_plain
+            for mark, (raw, _) in spans.items():
+                restored = restored.replace(mark, raw) if template_plain.count(mark) == 1 else ""
+            if restored != plain:  # the template does not print contents as they are: no splicing
+                base, spans, template_plain = list(messages), {}, plain
+        wrapped = []
+        for m in base:  # contents wrapped as contents; a replayed span's mark stays template text
+            tail = _tail(m, spans)
+            content = markers.wrap(m.content[: len(m.content) - len(tail)]) or ""
+            wrapped.append(msgspec.structs.replace(m, content=content + tail, thinking=markers.wrap(m.thinking)))
+        segments = align(markers.split(self.render(wrapped, tools, add_generation_prompt, extra)), template_plain)
+        sentinels = {mark: -(k + 1) for k, mark in enumerate(spans)}
+        tokens = tokenize_segments(segments, {**special, **sentinels}, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+        if sentinels:
+            by_id = {sentinels[mark]: span for mark, span in spans.items()}
+            out: list[int] = []
+            for t in tokens:
+                if t in by_id:
+                    raw, toks = by_id[t]
+                    out += toks if toks else self.engine.tokenize(raw, add_special=False, parse_special=True)
+                else:
+                    out.append(t)
+            tokens = out
         bos = getattr(self.engine, "bos", -1)
         if self._add_bos(plain) and bos >= 0:
             tokens.insert(0, bos)
         return tokens
+
+    @staticmethod
+    def _splice_marks(messages, markers: Markers, replayed: dict) -> tuple[list, dict[str, tuple[str, list[int]]]]:
+        """The messages with each replayed span replaced by a mark no client can write, and mark -> span."""
+        base = list(messages)
+        spans: dict[str, tuple[str, list[int]]] = {}
+        for i, (raw, toks) in replayed.items():
+            m = base[i]
+            if raw and m.content.endswith(raw):
+                mark = markers.splice_mark(i)
+                base[i] = msgspec.structs.replace(m, content=m.content[: len(m.content) - len(raw)] + mark)
+                spans[mark] = (raw, list(toks or []))
+        return base, spans
 
     def check_chars(self, n_chars: int, param: str) -> None:
         if n_chars > self.max_chars:
@@ -89,9 +137,12 @@ class PromptBuilder:
             chars = sum(len(m.content) + len(m.thinking or "") + sum(len(c.arguments) for c in m.tool_calls) for m in msg.messages)
             self.check_chars(chars, "messages")
             if plan is not None:
-                text = self.render(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
-                toks = self.spliced(text, msg, plan)
-                if toks is None:
+                try:
+                    toks = self.tokenize_messages(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs, plan.replayed)
+                except PromptError:
+                    if plan.unreplayed is None:
+                        raise
+                    plan.messages, plan.replayed, plan.unreplayed = plan.unreplayed, {}, None  # as the client sent it
                     toks = self.tokenize_messages(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
             else:
                 toks = self.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)
@@ -121,13 +172,13 @@ class PromptBuilder:
             raise PromptError(ErrorCode.CONTEXT_LENGTH, self._too_long(len(toks)), "messages" if msg.messages is not None else "prompt")
         return toks
 
-    def spliced(self, plain: str, msg: Submit, plan) -> list[int] | None:
+    def spliced(self, plain: str, messages, tools, add_generation_prompt: bool, extra: dict | None, replayed: dict) -> list[int] | None:
         """The prompt with each replayed turn's span as the very tokens the model wrote (re-tokenising
         the same bytes may split them otherwise, and then the KV cache of that turn is not reused).
         None when no replayed turn has tokens, or the template does not print the content as is."""
         marks: dict[str, tuple[str, list[int]]] = {}
-        messages = list(plan.messages)
-        for i, (raw, toks) in plan.replayed.items():
+        messages = list(messages)
+        for i, (raw, toks) in replayed.items():
             m = messages[i]
             if not toks or not m.content.endswith(raw):
                 continue
@@ -136,7 +187,7 @@ class PromptBuilder:
             marks[mark] = (raw, toks)
         if not marks:
             return None
-        marked = self.render(messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
+        marked = self.render(messages, tools, add_generation_prompt, extra)
         splitter = re.compile("(" + "|".join(re.escape(k) for k in marks) + ")")
         pieces = splitter.split(marked)  # text, mark, text, mark, ..., text
         found = pieces[1::2]
@@ -157,6 +208,24 @@ class PromptBuilder:
     def _too_long(self, n: int) -> str:
         return (f"This model's maximum context length is {self.n_ctx} tokens. However, your prompt has "
                 f"{n} tokens, leaving no room for a reply. Shorten the prompt or load {self.model} with a larger n_ctx.")  # fmt: skip
+
+    def check_tools(self, tools: list[dict] | None) -> None:
+        """Tool parameter schemas become call grammars: the same bounds as a response_format schema."""
+        try:
+            for i, tool in enumerate(tools or []):
+                fn = tool.get("function") if isinstance(tool, dict) else None
+                params = fn.get("parameters") if isinstance(fn, dict) else None
+                if isinstance(params, dict):
+                    check_schema(params, self.grammar_limits, f"tools[{i}].function.parameters")
+        except GrammarRefused as exc:
+            raise PromptError(ErrorCode.GRAMMAR, str(exc), exc.param) from exc
+
+    def checked_gbnf(self, text: str, param: str) -> str:
+        try:
+            check_gbnf(text, self.grammar_limits, param)
+        except GrammarRefused as exc:
+            raise PromptError(ErrorCode.GRAMMAR, str(exc), exc.param) from exc
+        return text
 
     def grammar(self, msg: Submit) -> str | None:
         return self.constraint(msg)[0]

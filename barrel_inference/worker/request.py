@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ..protocol import Accepted, Delta, Done, ErrorInfo, FinishReason, TextPart, Timings, Usage, merge_parts
+from ..protocol import Accepted, CacheInfo, Delta, Done, ErrorInfo, FinishReason, TextPart, Timings, Usage, merge_parts
 from .detok import IncrementalDetokenizer
 from .stops import StopMatcher
 
@@ -15,14 +15,16 @@ class Phase(enum.Enum):
     PREFILL = 1
     DECODE = 2
     DONE = 3
+    TAIL = 4  # done (its Done is sent); its last sampled token joins one more batch, then its sequence is free
 
 
 class Request:
     __slots__ = (
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
-        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay", "schema_receipt", "logprobs", "pending_logprobs",
-        "t_submit", "t_start", "t_first", "t_end",
+        "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
+        "schema_receipt", "logprobs", "pending_logprobs",
+        "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on",
     )  # fmt: skip
 
     def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
@@ -59,6 +61,10 @@ class Request:
         self.t_start = 0.0
         self.t_first = 0.0
         self.t_end = 0.0
+        self.cache_kind = "cold"  # how the prompt's prefix was found: see worker/kvreuse.py
+        self.cache_miss = ""  # why a known session reused less than its last turn committed
+        self.parked = False  # has waited once for a saved state to load from disk
+        self.parked_on = None  # the entry it waits for
 
     # ---- output -------------------------------------------------------------------------
     def emit(self, *parts) -> None:
@@ -71,7 +77,8 @@ class Request:
 
     def accepted(self, n_ctx: int) -> Accepted:
         return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx,
-                        tool_replay=self.tool_replay, schema_receipt=self.schema_receipt)  # fmt: skip
+                        tool_replay=self.tool_replay, schema_receipt=self.schema_receipt, cache=self.cache_kind,
+                        cache_miss=self.cache_miss)  # fmt: skip
 
     def take_delta(self) -> Delta | None:
         if not self.pending_parts and not self.pending_n:
@@ -95,4 +102,5 @@ class Request:
             decode_ms=(now - first) * 1000.0 if self.t_first else 0.0,
         )
         usage = Usage(len(self.prompt), self.generated, self.n_cached)
-        return Done(self.id, reason, stop, usage, timings, error)
+        cache = CacheInfo(self.cache_kind, self.cache_miss, len(self.prompt) - self.n_cached)
+        return Done(self.id, reason, stop, usage, timings, error, cache)

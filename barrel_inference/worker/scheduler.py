@@ -3,7 +3,9 @@
 Each tick builds ONE batch: the next token of every decoding sequence, then a chunk of each
 prefilling prompt (at most `prefill_chunk` tokens each, within n_batch), decodes it once and
 samples every sequence whose logits came out. A request that arrives while others stream joins
-the next tick; an abort frees its sequence at the start of the next tick.
+the next tick; an abort frees its sequence at the start of the next tick. Which sequence a new
+request gets, and what of its prompt is already in the KV cache, is kvreuse.py's business; a
+request whose best prefix is on disk waits in `parked` until the store has read it.
 """
 
 from __future__ import annotations
@@ -17,20 +19,23 @@ from ..protocol import Done, ErrorCode, ErrorInfo, FinishReason, Tick
 from .engine_api import Engine, EngineError
 from .profile import TickProfile
 from .request import Phase, Request
-from .seqpool import SeqPool, common_prefix
+from .kvreuse import KvReuse
 
 Emit = Callable[[bytes, Tick], None]
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 256, log=None):
+    def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 256, log=None,
+                 reuse: KvReuse | None = None):  # fmt: skip
         self.engine = engine
         self.emit = emit
         self.n_ctx = n_ctx  # per-sequence limit: prompt + generated tokens
         self.prefill_chunk = max(1, prefill_chunk)
         self.n_batch = engine.n_batch
-        self.pool = SeqPool(engine.n_seq_max)
         self.log = log or (lambda *a, **k: None)
+        self.reuse = reuse or KvReuse(engine, n_seq=engine.n_seq_max, log=self.log)
+        self.pool = self.reuse.pool
+        self.parked: list[Request] = []  # waiting for a saved state to be read from disk
         self.profile = TickProfile()
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []  # admission order
@@ -39,6 +44,7 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.n_requests = 0
+        self.n_aborts = 0  # requests ended by an abort from a gateway (client gone, cancelled)
         self.n_decode_failures = 0
         self.waker: Callable[[], None] | None = None  # wakes the thread's I/O poll when another thread posts
 
@@ -51,6 +57,10 @@ class Scheduler:
 
     def end_session(self, session: str) -> None:
         self._post(("end_session", session))
+
+    def entry_loaded(self, entry, ok: bool) -> None:
+        """A saved state finished loading from disk (called on the store's I/O thread)."""
+        self._post(("loaded", entry))
 
     def _post(self, item) -> None:
         with self._cond:
@@ -75,11 +85,11 @@ class Scheduler:
 
     @property
     def n_running(self) -> int:
-        return len(self.active)
+        return sum(1 for r in self.active if r.phase is not Phase.TAIL)
 
     @property
     def n_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.parked)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, pump: Callable[[bool], None] | None = None) -> None:
@@ -115,47 +125,63 @@ class Scheduler:
                 ids = set(arg)
                 for r in [r for r in self.waiting if r.id in ids]:
                     self.waiting.remove(r)
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
-                for r in [r for r in self.active if r.id in ids]:
+                for r in [r for r in self.parked if r.id in ids]:
+                    self.parked.remove(r)
+                    self.n_aborts += 1
+                    self._finish(r, out, FinishReason.ABORT)
+                # a request already ended (its Done sent, perhaps still in its tail tick) is not ended again
+                for r in [r for r in self.active if r.id in ids and r.phase not in (Phase.DONE, Phase.TAIL)]:
+                    self.n_aborts += 1
                     self._finish(r, out, FinishReason.ABORT)
             elif kind == "end_session":
-                seq = self.pool.end_session(arg)
-                if seq is not None:
-                    self.engine.seq_clear(seq)
+                self.reuse.end_session(arg)
+            elif kind == "loaded":  # parked requests go back to the front of the queue
+                back = [r for r in self.parked if r.parked_on is arg]
+                self.parked = [r for r in self.parked if r.parked_on is not arg]
+                for r in reversed(back):
+                    r.parked_on = None
+                    self.waiting.appendleft(r)
         self.active = [r for r in self.active if r.phase is not Phase.DONE]
 
     def _admit(self, out) -> None:
-        while self.waiting:
-            req = self.waiting[0]
-            lease = self.pool.acquire(req.session, req.prompt)
-            if lease is None:
+        live = None
+        tails = [r for r in self.active if r.phase is Phase.TAIL]
+        i = 0
+        while i < len(self.waiting):
+            req = self.waiting[i]
+            if tails and any(_continues(req, t) for t in tails):
+                return  # the previous turn's last token enters the cache this tick: admit after it
+            if live is None:  # what busy sequences have committed: their prefixes can be copied
+                live = {r.seq: (r.prompt, min(r.n_past, len(r.prompt))) for r in self.active if r.seq >= 0}
+            try:
+                got = self.reuse.admit(req, live)
+            except Exception as exc:  # a bug in reuse fails this request, never the queue behind it
+                del self.waiting[i]
+                self.log("admit_error", id=req.id, error=repr(exc))
+                self.reuse.unadmit(req)
+                self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(ErrorCode.INTERNAL, f"internal error admitting the request: {exc!r}", retryable=True))
+                continue
+            if got is False:  # no sequence free: keep the order
                 return
-            self.waiting.popleft()
-            req.seq = lease.seq
+            del self.waiting[i]
+            if got is None:  # its prefix is being read from disk (req.parked_on)
+                self.parked.append(req)
+                continue
             try:
                 if req.sampler is None:  # the worker's server builds it off this thread; in-process users may not
                     req.sampler = self.engine.make_sampler(req.sampling, req.grammar)
             except Exception as exc:  # this request's sampler only: the others go on
-                self._release_seq(req.seq, None)
-                req.seq = -1
+                self.reuse.unadmit(req)
                 code = ErrorCode(exc.code) if isinstance(exc, EngineError) else ErrorCode.INTERNAL
                 self._finish(req, out, FinishReason.ERROR, error=ErrorInfo(code, f"cannot build the sampler: {exc}"))
                 continue
             self.active.append(req)  # from here on a crash fails it with the others, never loses it
-            req.n_past = self._reuse_prefix(req, lease.cached)
-            req.n_cached = req.n_past
+            live[req.seq] = (req.prompt, req.n_past)
             req.phase = Phase.PREFILL
             req.t_start = time.perf_counter()
             out.setdefault(req.peer, Tick()).accepted.append(req.accepted(self.n_ctx))
-
-    def _reuse_prefix(self, req: Request, cached: list[int]) -> int:
-        """Keep the longest common prefix of the seq's cached tokens and the prompt (at least one
-        prompt token is always decoded, for its logits). Returns how many tokens were kept."""
-        k = min(common_prefix(cached, req.prompt), len(req.prompt) - 1)
-        if k == 0 or not self.engine.seq_truncate(req.seq, k) or not self.engine.can_continue(req.seq, k):
-            self.engine.seq_clear(req.seq)
-            return 0
-        return k
 
     def _tick(self, out) -> None:
         prof = self.profile
@@ -166,12 +192,13 @@ class Scheduler:
         logits: list[bool] = []
         for r in self.active:
             r.row = -1
-            if r.phase is Phase.DECODE:
-                r.row = len(tokens)
+            if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
+                if r.phase is Phase.DECODE:
+                    r.row = len(tokens)
                 tokens.append(r.last_token)
                 pos.append(r.n_past)
                 seqs.append(r.seq)
-                logits.append(True)
+                logits.append(r.phase is Phase.DECODE)
         n_decode = len(tokens)
         budget = self.n_batch - n_decode
         chunks: list[tuple[Request, int]] = []
@@ -197,9 +224,13 @@ class Scheduler:
             self._decode_failed(status, out)
             return
         for r in self.active:
-            if r.phase is Phase.DECODE:
+            if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
                 r.n_past += 1
                 r.history.append(r.last_token)
+            if r.phase is Phase.TAIL:  # its sequence now holds everything it generated
+                self.reuse.release(r, (r.prompt + r.history)[: r.n_past])
+                r.seq = -1
+                r.phase = Phase.DONE
         for r, take in chunks:
             r.n_past += take
         sampled: list[tuple[Request, int]] = []
@@ -226,6 +257,7 @@ class Scheduler:
             r.phase = Phase.DECODE
             r.t_first = time.perf_counter()
         r.generated += 1
+        r.last_token = tok  # sampled, not yet in the KV cache
         if not r.ignore_eos and self.engine.is_eog(tok):
             self._finish(r, out, FinishReason.STOP)
             return
@@ -263,19 +295,24 @@ class Scheduler:
             d = r.take_delta()
             if d is not None:
                 tick.deltas.append(d)
-        tick.done.append(r.done(reason, stop, error))
+        done = r.done(reason, stop, error)
+        tick.done.append(done)
         if r.sampler is not None:
             r.sampler.free()
             r.sampler = None
-        if r.seq >= 0:
+        if r.seq >= 0 and reason in (FinishReason.STOP, FinishReason.LENGTH) and r.generated and r.n_past + 1 < self.n_ctx:
+            # the last sampled token goes into the cache with the next batch (the next turn's
+            # prompt holds it): the sequence is released after that
+            r.phase = Phase.TAIL
+        elif r.seq >= 0:
             keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None
-            self._release_seq(r.seq, keep)
+            self.reuse.release(r, keep)
             r.seq = -1
+        if done.cache is not None:
+            c = done.cache
+            c.ram_bytes, c.ram_entries, c.disk_bytes, c.disk_entries = self.reuse.tier_figures()
+            c.evictions = self.reuse.evictions
         self.log("request_done", id=r.id, reason=reason.value, prompt=len(r.prompt), generated=r.generated)
-
-    def _release_seq(self, seq: int, tokens: list[int] | None) -> None:
-        if self.pool.release(seq, tokens):
-            self.engine.seq_clear(seq)
 
     def _decode_failed(self, status: int, out) -> None:
         """llama_decode failed: fail only the requests in flight, recreate the context."""
@@ -284,9 +321,10 @@ class Scheduler:
         err = ErrorInfo(ErrorCode.DECODE_FAILED, f"llama_decode failed with status {status}; the context was recreated", retryable=True)
         for r in self.active:
             r.seq = -1  # the whole context goes: nothing to release per sequence
-            self._finish(r, out, FinishReason.ERROR, error=err)
+            if r.phase is not Phase.TAIL:  # a tail's request is answered already
+                self._finish(r, out, FinishReason.ERROR, error=err)
         self.active = []
-        self.pool.reset()
+        self.reuse.reset()
         self.engine.recreate_context()
 
     def _crashed(self, exc: Exception, out) -> None:
@@ -294,10 +332,11 @@ class Scheduler:
         err = ErrorInfo(ErrorCode.INTERNAL, f"internal error in the worker: {exc!r}", retryable=True)
         for r in self.active:
             if r.phase is not Phase.DONE:
-                r.seq = -1
-                self._finish(r, out, FinishReason.ERROR, error=err)
+                tail, r.seq = r.phase is Phase.TAIL, -1
+                if not tail:
+                    self._finish(r, out, FinishReason.ERROR, error=err)
         self.active = []
-        self.pool.reset()
+        self.reuse.reset()
         self.engine.recreate_context()
 
     def _send(self, out: dict[bytes, Tick]) -> None:
@@ -312,11 +351,20 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         out: dict[bytes, Tick] = {}
-        for r in list(self.waiting) + self.active:
-            self._finish(r, out, FinishReason.ABORT)
+        for r in list(self.waiting) + self.parked + self.active:
+            if r.phase is Phase.TAIL:
+                self.reuse.release(r, (r.prompt + r.history)[: r.n_past])
+                r.seq = -1
+            else:
+                self._finish(r, out, FinishReason.ABORT)
         self.waiting.clear()
+        self.parked = []
         self.active = []
         self._send(out)
+        try:
+            self.reuse.persist()
+        except Exception as exc:  # saving caches at exit is a bonus, never a reason to hang
+            self.log("kv_persist_failed", error=repr(exc))
 
     def stats(self) -> dict:
         return {
@@ -325,12 +373,23 @@ class Scheduler:
             "n_seq_max": len(self.pool),
             "seqs_busy": self.pool.n_busy,
             "requests_total": self.n_requests,
+            "aborts_total": self.n_aborts,
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,
             "prefill_chunk": self.prefill_chunk,
+            "parked": len(self.parked),
+            "cache": self.reuse.stats(),
             "profile": self.profile.as_dict(),
         }
+
+
+def _continues(req: Request, tail: Request) -> bool:
+    """Is req the next turn of tail's conversation (same session, or a prompt extending tail's)?"""
+    if req.session is not None and req.session == tail.session:
+        return True
+    n = len(tail.prompt)
+    return len(req.prompt) > n and req.prompt[:n] == tail.prompt
 
 
 def error_done(req_id: str, code: ErrorCode, message: str, param: str | None = None) -> Done:

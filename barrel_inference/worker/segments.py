@@ -22,9 +22,13 @@ Segment = tuple[str, bool]  # (text, is_content)
 
 class Markers:
     def __init__(self) -> None:
-        nonce = secrets.token_hex(8)
+        nonce = self.nonce = secrets.token_hex(8)
         self.open = f"\ue000{nonce}\ue001"
         self.close = f"\ue002{nonce}\ue003"
+
+    def splice_mark(self, index: int) -> str:
+        """A mark for message `index`'s replayed span: template text to the segmenter, spliced later."""
+        return f"\ue004{self.nonce}-{index}\ue005"
 
     def wrap(self, text: str | None) -> str | None:
         return f"{self.open}{text}{self.close}" if text else text

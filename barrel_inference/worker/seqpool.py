@@ -1,11 +1,18 @@
 """The seq_id pool: which llama.cpp sequence serves which request, and what each one's KV cache holds.
 
-Pure bookkeeping; the scheduler performs the KV operations the pool asks for. A sequence keeps its
+Pure bookkeeping; the scheduler performs the KV operations a Plan asks for. A sequence keeps its
 tokens in the KV cache after its request ends, so a later request that starts with the same tokens
-(the next turn of a conversation, a shared system prompt) only prefills what is new: a request is
-given the free sequence whose cached tokens share the longest prefix with its prompt. A sequence
-can also be pinned to a session, which keeps it for that session's next turn; pinned sequences are
-taken by others only when no unpinned one is free, least recently used first.
+(the next turn of a conversation, a shared system prompt) prefills only what is new.
+
+The choice never destroys a cache that is worth something for a newcomer that gains less:
+1. a session's own idle sequence (sticky);
+2. else an idle sequence whose whole cache the prompt extends and that no other session owns
+   (taking it loses nothing: the next turn of a conversation sent without a session id);
+3. else an empty sequence, and failing that the least recently used idle one (its cache is handed
+   to the caller to save in a tier before it is overwritten).
+Whatever the target, the longest committed prefix of ANY other sequence, busy or idle, is copied
+into it when that beats what the target holds itself (a shared system prompt is never prefilled
+twice).
 """
 
 from __future__ import annotations
@@ -17,15 +24,36 @@ from dataclasses import dataclass, field
 class Slot:
     seq: int
     session: str | None = None  # pinned to this session
-    tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this seq
+    tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this seq (idle)
     busy: bool = False
     last_used: int = 0
 
 
 @dataclass
-class Lease:
+class Evicted:
+    """A cache the plan overwrites: the caller may save it first (state of `seq`, `tokens`)."""
+
     seq: int
-    cached: list[int]  # tokens already in this seq's KV (to be matched against the new prompt)
+    tokens: list[int]
+    session: str | None
+
+
+@dataclass
+class Plan:
+    seq: int
+    kind: str  # "sticky" | "prefix" | "copy" | "cold" (the scheduler may turn it into "ram" / "disk")
+    keep: int  # tokens of the target's own cache to keep (the rest is dropped)
+    copy_from: int = -1  # a sequence whose first copy_n committed tokens are copied into seq
+    copy_n: int = 0
+    evict: Evicted | None = None
+
+    @property
+    def reused(self) -> int:
+        return max(self.keep, self.copy_n)
+
+
+# busy seq -> (its tokens, how many of them are committed to the KV cache)
+Live = dict[int, tuple[list[int], int]]
 
 
 class SeqPool:
@@ -41,33 +69,61 @@ class SeqPool:
     def n_busy(self) -> int:
         return sum(s.busy for s in self.slots)
 
-    def acquire(self, session: str | None, prompt: list[int] | None = None) -> Lease | None:
-        """A sequence for a new request, or None when every sequence is busy.
-
-        The session's own pinned sequence is preferred; otherwise, among the free unpinned
-        sequences (or, when none is, the free pinned ones), the one whose cache shares the longest
-        prefix with the prompt, the least recently used on a tie.
-        """
-        self._clock += 1
+    def session_seq(self, session: str | None) -> int | None:
         slot = self._by_session.get(session) if session else None
-        if slot is not None and slot.busy:
-            slot = None  # the session's seq serves another of its requests: take a fresh one
-        if slot is None:
-            free = [s for s in self.slots if not s.busy]
-            if not free:
-                return None
-            candidates = [s for s in free if s.session is None] or free
-            prompt = prompt or []
-            slot = max(candidates, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
-            if slot.session is not None:
-                self._unpin(slot)
-                slot.tokens = []  # another session's cache: not to be matched
-            if session:
-                slot.session = session
-                self._by_session[session] = slot
-        slot.busy = True
-        slot.last_used = self._clock
-        return Lease(slot.seq, list(slot.tokens))
+        return slot.seq if slot is not None else None
+
+    def best_prefix(self, prompt: list[int], live: Live | None = None) -> int:
+        """The longest prefix of prompt that some sequence (busy or idle) holds."""
+        return max((self._committed_common(s, prompt, live) for s in self.slots), default=0)
+
+    def acquire(self, session: str | None, prompt: list[int] | None = None, live: Live | None = None) -> Plan | None:
+        """A plan for a new request, or None when every sequence is busy."""
+        self._clock += 1
+        prompt = prompt or []
+        free = [s for s in self.slots if not s.busy]
+        if not free:
+            return None
+        own = self._by_session.get(session) if session else None
+        kind = "cold"
+        if own is not None and not own.busy:
+            target, kind = own, "sticky"
+        else:
+            extend = [
+                s for s in free
+                if s.tokens and s.session in (None, session) and common_prefix(s.tokens, prompt) == len(s.tokens)
+            ]  # fmt: skip
+            if extend:
+                target, kind = max(extend, key=lambda s: (len(s.tokens), -s.last_used)), "prefix"
+            else:
+                empty = [s for s in free if not s.tokens]
+                target, kind = min(empty or free, key=lambda s: (s.last_used, len(s.tokens))), "prefix"
+        keep = common_prefix(target.tokens, prompt)
+        evict = None
+        if target.tokens and keep < len(target.tokens) and kind != "sticky":
+            evict = Evicted(target.seq, list(target.tokens), target.session)
+        src, src_n = -1, 0
+        for s in self.slots:
+            if s is target:
+                continue
+            n = self._committed_common(s, prompt, live)
+            if n > src_n:
+                src, src_n = s.seq, n
+        plan = Plan(target.seq, kind if keep > 0 else "cold", keep)
+        if src_n > keep:
+            plan.copy_from, plan.copy_n, plan.kind = src, src_n, "copy"
+        plan.evict = evict
+        if target.session != session:
+            self._unpin(target)
+        if session:
+            if own is not None and own is not target:
+                self._unpin(own)  # the session's latest turn is the one on target
+            target.session = session
+            self._by_session[session] = target
+        target.busy = True
+        target.tokens = []
+        target.last_used = self._clock
+        return plan
 
     def release(self, seq: int, tokens: list[int] | None) -> bool:
         """The request on seq ended; tokens: what its KV cache now holds (None: unknown).
@@ -76,6 +132,8 @@ class SeqPool:
         """
         slot = self.slots[seq]
         slot.busy = False
+        self._clock += 1
+        slot.last_used = self._clock
         if tokens is None:
             self._unpin(slot)
             slot.tokens = []
@@ -84,8 +142,28 @@ class SeqPool:
         return False
 
     def forget(self, seq: int) -> None:
-        """The sequence's KV was cleared: nothing of it is to be matched."""
-        self.slots[seq].tokens = []
+        """The sequence's KV was cleared: nothing of it is to be matched, and no session owns it."""
+        slot = self.slots[seq]
+        slot.tokens = []
+        if not slot.busy:
+            self._unpin(slot)
+
+    def over_retention(self, limit: int) -> list[Slot]:
+        """Idle sequences to drop, least recently used first, until idle caches hold at most
+        `limit` tokens together. The most recently used idle cache is always kept (a lone
+        conversation keeps its own cache whatever its length)."""
+        idle = sorted((s for s in self.slots if not s.busy and s.tokens), key=lambda s: s.last_used)
+        total = sum(len(s.tokens) for s in idle)
+        out = []
+        for s in idle[:-1]:
+            if total <= limit:
+                break
+            out.append(s)
+            total -= len(s.tokens)
+        return out
+
+    def retained(self) -> int:
+        return sum(len(s.tokens) for s in self.slots if not s.busy)
 
     def end_session(self, session: str) -> int | None:
         """Unpin a session; returns the seq to clear if it was idle."""
@@ -104,6 +182,14 @@ class SeqPool:
             s.tokens = []
             s.busy = False
 
+    def _committed_common(self, slot: Slot, prompt: list[int], live: Live | None) -> int:
+        if not slot.busy:
+            return common_prefix(slot.tokens, prompt)
+        if live is None or slot.seq not in live:
+            return 0
+        toks, n = live[slot.seq]
+        return common_prefix(toks, prompt, n)
+
     def _unpin(self, slot: Slot) -> None:
         if slot.session is not None:
             if self._by_session.get(slot.session) is slot:
@@ -111,9 +197,20 @@ class SeqPool:
             slot.session = None
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a, b, limit: int | None = None) -> int:
+    """Length of the common prefix of two token sequences (lists or arrays, mixed)."""
+    if type(a) is not type(b):
+        a = a if isinstance(a, list) else list(a)
+        b = b if isinstance(b, list) else list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if limit is not None:
+        n = min(n, limit)
+    i, step = 0, 512
+    while i < n:  # whole chunks compare at C speed; only the diverging chunk is walked
+        j = min(n, i + step)
+        if a[i:j] != b[i:j]:
+            while i < j and a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n

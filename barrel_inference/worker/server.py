@@ -16,6 +16,7 @@ still being prepared: such a request ends with Done(abort) instead of being sche
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import threading
@@ -33,6 +34,8 @@ from ..protocol import (
 )  # fmt: skip
 from ..protocol.curve import check_server_keys, secure_server
 from .engine_api import Engine, EngineError
+from .kvreuse import KvReuse
+from .kvstore import KvStore
 from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
@@ -47,7 +50,9 @@ class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
                  n_ctx: int, prefill_chunk: int = 256, log=None, tools=None, engine_info: EngineInfo | None = None,
                  curve: tuple[str, str] | None = None, insecure: bool = False,
-                 content_special: bool = False, prep_threads: int = 2):  # fmt: skip
+                 content_special: bool = False, prep_threads: int = 2,
+                 max_retained_tokens: int | None = None, kv_ram_bytes: int = 0, kv_disk_bytes: int = 0,
+                 kv_dir: str | None = None):  # fmt: skip
         if bind.startswith("tcp://") and curve is None and not insecure:
             raise ValueError(
                 f"refusing to serve {bind} without CURVE keys: anyone who reaches the port could drive the model; "
@@ -68,7 +73,6 @@ class WorkerServer:
         self.zctx = zmq.Context.instance()
         self.prompts = PromptBuilder(engine, template, n_ctx, model, content_special=content_special)
         self.tools = tools  # toolhook.ModelTools: tool calls and thinking; None: plain text
-        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log)
         self._prep = ThreadPoolExecutor(max(1, prep_threads), thread_name_prefix="prepare")
         self._lock = threading.Lock()
         self._pending: set[tuple[bytes, str]] = set()  # (peer, id) being prepared off the scheduler thread
@@ -77,6 +81,27 @@ class WorkerServer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self.kv_selftest: dict | None = None
+        self.store: KvStore | None = None
+        exact_up_to = None
+        if kv_ram_bytes > 0:
+            # restoring a saved state must reproduce the logits of the run that made it: checked
+            # once per model; where it holds only up to some length, longer states are not saved
+            self.kv_selftest = engine.state_selftest()
+            exact_up_to = self.kv_selftest["exact_up_to"]
+            self.log("kv_selftest", model=model, **self.kv_selftest)
+            if self.engine_info is not None:
+                self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
+        template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
+        if kv_ram_bytes > 0 and exact_up_to != 0:
+            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
+            self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
+                                 directory=kv_dir, log=self.log, template=template_id)  # fmt: skip
+        reuse = KvReuse(engine, n_seq=engine.n_seq_max, store=self.store, max_retained_tokens=max_retained_tokens,
+                        exact_up_to=exact_up_to, template_id=template_id, log=self.log)  # fmt: skip
+        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse)
+        if self.store is not None:
+            self.store.on_loaded = self.scheduler.entry_loaded
         self._stop = threading.Event()
         self._router: zmq.Socket | None = None
         self._replies: zmq.Socket | None = None  # PULL: replies finished off the scheduler thread
@@ -221,6 +246,8 @@ class WorkerServer:
         finally:
             self.scheduler.request_stop()
             thread.join(10)
+            if self.store is not None:
+                self.store.close()
             if self.bind.startswith("ipc://"):
                 Path(self.bind[len("ipc://") :]).unlink(missing_ok=True)
 
@@ -287,18 +314,19 @@ class WorkerServer:
         return None
 
     def _prepare(self, peer: bytes, msg: Submit) -> None:
-        """On a preparation thread: tool plan, tokens, grammar and sampler, then hand the request to the scheduler."""
+        """On a preparation thread: the tool plan, tokens, grammar and sampler, then hand the request to the scheduler."""
         req = None
         plan = None
         try:
             if self.tools is not None and msg.messages is not None:
+                self.prompts.check_tools(msg.tools)
                 plan = self.tools.plan(msg)
             tokens = self.prompts.tokens(msg, plan)
             grammar, receipt = self.prompts.constraint(msg)
             if plan is not None and plan.grammar is not None:
                 if grammar is not None:
                     raise PromptError(ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")
-                grammar = plan.grammar
+                grammar = self.prompts.checked_gbnf(plan.grammar, "tools")
             req = Request(
                 msg.id, peer, tokens, sampling=msg.sampling, grammar=grammar, max_tokens=msg.max_tokens,
                 session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
@@ -387,6 +415,8 @@ class WorkerServer:
                 stats = {"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()}
                 if self.tools is not None and self.tools.replay is not None:
                     stats["tool_replay_lookups"] = dict(self.tools.replay.counts)
+                if self.kv_selftest is not None:
+                    stats["kv_selftest"] = self.kv_selftest
                 return StatsResult(id=msg.id, stats=stats)
         except PromptError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param=exc.param))
@@ -395,10 +425,6 @@ class WorkerServer:
         except EngineError as exc:
             return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(exc.code, str(exc), param="input"))
         return None
-
-
-    def internal_reply(self, msg, message: str):
-        return _REPLY[type(msg)](id=msg.id, error=ErrorInfo(ErrorCode.INTERNAL, message))
 
 
 _REPLY = {Tokenize: TokenizeResult, Detokenize: DetokenizeResult, Render: RenderResult, CountTokens: CountResult,

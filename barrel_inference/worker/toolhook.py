@@ -11,7 +11,12 @@ stop-reason contract when the request ends.
 
 from __future__ import annotations
 
+import hashlib
+import re
+import string
 from collections import deque
+
+import msgspec
 
 from ..protocol import ChatMessage, ErrorCode, FinishReason, Submit, TextPart
 from ..toolcalls import FormatTable, detect
@@ -37,9 +42,12 @@ class PlanError(Exception):
 class Plan:
     """What one chat request needs: render arguments, a first grammar, and how to build its hook."""
 
-    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay", "replayed")
+    __slots__ = ("messages", "tools", "template_kwargs", "grammar", "hook", "replay", "replayed", "unreplayed")
 
-    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None, replayed=None):
+    def __init__(self, messages, tools, template_kwargs, grammar, hook, replay=None, replayed=None, unreplayed=None):
+        # the messages without replayed content: for a template that refuses the replayed form
+        # (Mistral's insists that roles alternate once calls are gone from a turn)
+        self.unreplayed = unreplayed
         self.replay = replay or {}  # replay-map lookups of this request: result -> count
         # assistant turns (index in `messages`) whose content ends with the model's own replayed bytes:
         # index -> (those bytes as text, the model's tokens of them or None). Markers in them are the
@@ -67,6 +75,8 @@ class ModelTools:
         self.thinking = thinking
         self.replay = replay
         self.log = log or (lambda *a, **k: None)
+        # templates that insist on 9-character alphanumeric call ids (Mistral's) get ids derived from ours
+        self.short_ids = bool(template_source and _NINE.search(template_source))
         markers = list(self.fmt.markers()) if self.fmt else []
         markers += list(thinking or ())
         self.special: dict[int, str] = {}  # token id -> marker text, for markers spelled as one special token
@@ -104,7 +114,11 @@ class ModelTools:
             kwargs.setdefault("tool_choice", choice)
         replay: dict[str, int] = {}
         replayed: dict[int, tuple[str, list[int] | None]] = {}
-        messages = self._replayed(msg.messages or [], replay, replayed)
+        base = list(msg.messages or [])
+        messages = self._replayed(base, replay, replayed)
+        if self.short_ids:
+            messages = [_short_ids(m) for m in messages]
+            base = [_short_ids(m) for m in base]
         if forces_call(choice):
             allowed = only(tools, choice)
             if not allowed:
@@ -132,6 +146,7 @@ class ModelTools:
                 if not (messages and messages[0].role == "system"):
                     replayed = {i + 1: v for i, v in replayed.items()}  # a system message goes in front
                 messages = _with_system(messages, note)
+                base = _with_system(base, note)
                 template_tools = None
         except EngineError as exc:
             raise PlanError(ErrorCode.GRAMMAR, f"the tools' parameters cannot be enforced: {exc}", "tools") from exc
@@ -145,7 +160,7 @@ class ModelTools:
             own = grammar is not None or msg.grammar is not None or msg.json_schema is not None  # a grammar already holds the reply
             return ToolHook(self, cap, span_grammar=None if own else span, thinking_budget=budget)
 
-        return Plan(messages, template_tools, kwargs, grammar, hook, replay, replayed)
+        return Plan(messages, template_tools, kwargs, grammar, hook, replay, replayed, base if replayed else None)
 
     def _replayed(self, messages: list[ChatMessage], counts: dict[str, int], replayed: dict) -> list[ChatMessage]:
         """Assistant turns whose calls this worker wrote: their content becomes the exact bytes it
@@ -162,6 +177,23 @@ class ModelTools:
                     replayed[len(out)] = (raw, raw_tokens)
             out.append(m)
         return out
+
+
+_NINE = re.compile(r"id\s*\|\s*length\s*!=\s*9")
+
+
+def short_id(call_id: str) -> str:
+    """A stable 9-character alphanumeric id for a call id (the same call gets the same one every turn)."""
+    digest = hashlib.sha256(call_id.encode()).digest()
+    alphabet = string.ascii_letters + string.digits
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:9])
+
+
+def _short_ids(m: ChatMessage) -> ChatMessage:
+    if not m.tool_calls and not m.tool_call_id:
+        return m
+    calls = [msgspec.structs.replace(c, id=short_id(c.id)) if c.id else c for c in m.tool_calls]
+    return msgspec.structs.replace(m, tool_calls=calls, tool_call_id=short_id(m.tool_call_id) if m.tool_call_id else None)
 
 
 def _with_system(messages: list[ChatMessage], note: str) -> list[ChatMessage]:

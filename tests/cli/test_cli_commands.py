@@ -42,9 +42,10 @@ def test_pull_list_show_copy_rm(daemon, tiny_bytes):
     r = bictl(daemon, "list")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "SIZE", "MODIFIED"]
+    assert lines[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
     rows = {ln.split()[0]: ln for ln in lines[1:]}
     assert set(rows) == {MODEL, "tiny:1"} and human_size(len(data)) in rows["tiny:1"] and "just now" in rows["tiny:1"]
+    assert rows["tiny:1"].split()[1] == hashlib.sha256(data).hexdigest()[:12]  # the ID column: the blob's digest
 
     r = bictl(daemon, "list", "--json")
     listed = json.loads(r.stdout)
@@ -61,9 +62,15 @@ def test_pull_list_show_copy_rm(daemon, tiny_bytes):
 
     r = bictl(daemon, "copy", "tiny:1", "tiny:backup")
     assert r.exit_code == 0 and r.stdout.strip() == "copied 'tiny:1' to 'tiny:backup'"
+    r = bictl(daemon, "cp", "tiny:1", "tiny:third")  # Ollama's name for it
+    assert r.exit_code == 0 and r.stdout.strip() == "copied 'tiny:1' to 'tiny:third'"
+    assert bictl(daemon, "rm", "tiny:third").exit_code == 0
     blob = daemon.registry.resolve("tiny:1").path
+    refs = daemon.registry.layout.refs
+    assert [json.loads(p.read_text())["name"] for p in refs.glob("*.ref")] == ["tiny:1"]
     r = bictl(daemon, "rm", "tiny:1")
     assert r.exit_code == 0 and r.stdout.strip() == "deleted 'tiny:1'" and blob.exists()
+    assert list(refs.glob("*.ref")) == []  # rm removes what the pull spec resolved to
     r = bictl(daemon, "rm", "tiny:backup")
     assert r.exit_code == 0 and not blob.exists()
     r = bictl(daemon, "rm", "tiny:backup")
@@ -123,8 +130,10 @@ def test_run_unknown_model_hints_at_pull(daemon):
 def test_ps_and_unload(daemon):
     assert bictl(daemon, "run", "fake", "warm", "up").exit_code == 0
     r = bictl(daemon, "ps")
-    assert r.exit_code == 0 and r.stdout.splitlines()[0].split()[:3] == ["NAME", "SIZE", "CONTEXT"]
-    assert r.stdout.splitlines()[1].startswith(MODEL)
+    header = r.stdout.splitlines()[0].split()
+    assert r.exit_code == 0 and header == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SEQS", "IN", "FLIGHT", "PID", "UNTIL"]
+    row = r.stdout.splitlines()[1]
+    assert row.startswith(MODEL) and "100% CPU" in row and row.endswith("Forever")
     ps = json.loads(bictl(daemon, "ps", "--json").stdout)
     assert [m["name"] for m in ps] == [MODEL] and ps[0]["context_length"] == 512
     r = bictl(daemon, "unload", "fake")
@@ -187,6 +196,11 @@ def test_embed_reports_the_workers_error(daemon):
     r = bictl(daemon, "embed", "fake", "NOEMBED")
     assert r.exit_code == 1
     assert r.stderr.strip() == "error: this model cannot embed"
+
+
+def test_embed_unknown_model_gets_a_did_you_mean(daemon):
+    r = bictl(daemon, "embed", "fakee", "x")
+    assert r.exit_code == 1 and "did you mean 'fake:latest'" in r.stderr
 
 
 def test_search(daemon):

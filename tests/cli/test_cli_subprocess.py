@@ -116,3 +116,29 @@ def test_doctor_against_the_daemon_and_without_one(daemon, tmp_path):
     assert "extra buffers:  setting 'off' -> off" in out
     assert "fallback:       m:latest: safe after SIGSEGV (applies here)" in out
     assert "llama-cpp-python" in out and "ggml:" in out
+
+
+def test_detached_with_its_own_pid_file_then_logs_and_shutdown(tmp_path):
+    port = free_port()
+    cfg = tmp_path / "bi.toml"
+    cfg.write_text(
+        f'host = "127.0.0.1"\nport = {port}\nmodel_cache_dir = "{tmp_path / "cache"}"\nruntime_dir = "{tmp_path / "run"}"\n'
+        "embed_default_model = false\n"
+    )
+    env = {"BARREL_INFERENCE_CONFIG": str(cfg), "BARREL_INFERENCE_HOST": f"127.0.0.1:{port}"}
+    pid_file = tmp_path / "elsewhere" / "d.pid"
+    log_file = tmp_path / "elsewhere" / "d.log"
+    r = bictl("serve", "--detach", "--pid-file", str(pid_file), "--log-file", str(log_file), "--wait", "60", env=env, timeout=90)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert f"stop it with `bictl shutdown --pid-file {pid_file}`" in r.stdout
+        pid = int(pid_file.read_text())
+        r2 = bictl("logs", "--no-follow", "-n", "50", env=env)
+        assert r2.returncode == 0
+        events = [json.loads(line) for line in r2.stdout.splitlines()]
+        assert any(e["event"] == "gateway_listening" for e in events)
+        assert any(e.get("logger_name") == "hypercorn.error" and "Running on" in e["message"] for e in events)
+    finally:
+        r3 = bictl("shutdown", env=env, timeout=60)  # finds the pid file `serve --detach` was given
+    assert r3.returncode == 0 and r3.stdout.strip() == f"stopped the daemon (pid {pid})", r3.stderr
+    assert not pid_file.exists()

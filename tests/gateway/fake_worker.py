@@ -7,17 +7,17 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
-  CALL:name:{json}     -> a complete tool call (start, argument text in two pieces, end) with id "fc<n>";
-                          the request then finishes with finish_reason tool_calls
+  CALL:name:{json} -> a tool call (start, argument text in two pieces, end) with id "fc<n>"; the turn then
+                      ends as tool_calls
   HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
   SLOW     -> a pause of `slow_s` before the next word (a long prefill)
   FAIL     -> the request ends with a decode_failed error after the words before it
+  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
 Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
-cached 2); CountTokens counts the same way.
-  NOEMBED  -> (an embedding input) a typed UNSUPPORTED error
+cached 2); CountTokens of messages counts the same way.
 An Embed with an input containing STALL is never answered.
 """
 
@@ -37,7 +37,7 @@ import zmq.asyncio
 from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
-    Usage, CountTokens, CountResult, ToolCallStart, ToolCallArgs, ToolCallEnd, WorkerCodec,
+    ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, CountResult, CountTokens,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -107,7 +107,7 @@ class FakeWorker:
 
     async def stop(self) -> None:
         await self.kill()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # closes any socket still open (term() would wait on it forever)
 
     async def _send(self, peer: bytes, msg) -> None:
         if self._sock is not None:
@@ -179,8 +179,7 @@ class FakeWorker:
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
             await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
-            n = 0
-            calls = 0
+            n = n_calls = 0
             for word in words:
                 if word == "SLOW":
                     await asyncio.sleep(self.slow_s)
@@ -213,14 +212,14 @@ class FakeWorker:
                 await asyncio.sleep(self.tick_s)
                 n += 1
                 if word.startswith(("CALL:", "HALFCALL:")):
-                    parts = _call_parts(word, calls)
-                    calls += word.startswith("CALL:")
+                    parts = _call_parts(word, n_calls)
+                    n_calls += word.startswith("CALL:")
                 else:
                     parts = [_part(word, n)]
                 await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, n_tokens=1)]))
             usage.completion_tokens = n
-            finish = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=finish, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
 
@@ -235,7 +234,7 @@ def _call_parts(word: str, index: int) -> list:
     parts = [ToolCallStart(index=index, id=f"fc{index}", name=name),
              ToolCallArgs(index=index, text=arguments[:half]), ToolCallArgs(index=index, text=arguments[half:])]  # fmt: skip
     if kind == "CALL":
-        parts.append(ToolCallEnd(index=index, arguments=arguments, raw=word))
+        parts.append(ToolCallEnd(index=index, arguments=arguments, raw=f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'))
     return parts
 
 

@@ -60,7 +60,8 @@ async def test_a_client_that_leaves_while_queued_is_removed_and_never_reaches_th
     held = asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat("w STALL")))
     await wait_for(lambda: len(fake_worker.submits) == 1)
     q = gw.app.state.admission.queue(MODEL)
-    sent = await drive(gw.app, "/v1/chat/completions", chat("queued then gone"), disconnect_after_body_chunks=None, disconnect_after_s=0.3)
+    sent = await drive(gw.app, "/v1/chat/completions", chat("queued then gone"), disconnect_after_body_chunks=None,
+                       disconnect_when=lambda _sent: q.depth == 1)  # leaves once it waits in the queue
     assert sent[0]["status"] == 499
     assert q.depth == 0 and len(fake_worker.submits) == 1
     m = (await gw.client.get("/metrics")).text

@@ -8,8 +8,9 @@ import json
 from .conftest import MODEL
 
 
-async def drive(app, path: str, body: dict, *, disconnect_after_body_chunks: int | None, disconnect_after_s: float | None = None):
-    """Call the ASGI app directly; send http.disconnect after N response body chunks (or after a delay)."""
+async def drive(app, path: str, body: dict, *, disconnect_after_body_chunks: int | None, disconnect_when=None):
+    """Call the ASGI app directly; send http.disconnect after N response body chunks, or once
+    `disconnect_when(sent)` holds (sent: the ASGI messages the app has sent so far)."""
     disconnect = asyncio.Event()
     sent: list[dict] = []
     raw = json.dumps(body).encode()
@@ -33,8 +34,8 @@ async def drive(app, path: str, body: dict, *, disconnect_after_body_chunks: int
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}  # fmt: skip
     task = asyncio.create_task(app(scope, receive, send))
-    if disconnect_after_s is not None:
-        await asyncio.sleep(disconnect_after_s)
+    if disconnect_when is not None:
+        await wait_for(lambda: disconnect_when(sent))
         disconnect.set()
     await asyncio.wait_for(task, 5)
     return sent
@@ -61,7 +62,7 @@ async def test_stream_disconnect_sends_abort(gateway, fake_worker):
 
 async def test_non_streaming_disconnect_sends_abort(gateway, fake_worker):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a STALL"}]}
-    await drive(gateway.app, "/v1/chat/completions", body, disconnect_after_body_chunks=None, disconnect_after_s=0.3)
+    await drive(gateway.app, "/v1/chat/completions", body, disconnect_after_body_chunks=None, disconnect_when=lambda _: fake_worker.submits)
     assert len(fake_worker.submits) == 1
     rid = fake_worker.submits[0].id
     await wait_for(lambda: fake_worker.aborts == [rid])
@@ -71,7 +72,13 @@ async def test_non_streaming_disconnect_sends_abort(gateway, fake_worker):
 
 async def test_finished_request_sends_no_abort(gateway, fake_worker):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a b"}], "stream": True}
-    sent = await drive(gateway.app, "/v1/chat/completions", body, disconnect_after_body_chunks=None, disconnect_after_s=0.3)
-    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
-    await asyncio.sleep(0.1)
-    assert fake_worker.aborts == []
+    finished = {"type": "http.response.body", "body": b"", "more_body": False}
+    sent = await drive(gateway.app, "/v1/chat/completions", body, disconnect_after_body_chunks=None,
+                       disconnect_when=lambda sent: sent and sent[-1] == finished)  # the client leaves after the end
+    assert sent[-1] == finished
+    # a later request on the same link is dropped: its abort arrives after any abort the first one caused
+    marker = {"model": MODEL, "messages": [{"role": "user", "content": "a b c STALL"}], "stream": True}
+    await drive(gateway.app, "/v1/chat/completions", marker, disconnect_after_body_chunks=2)
+    marker_id = fake_worker.submits[-1].id
+    await wait_for(lambda: fake_worker.aborts)
+    assert fake_worker.aborts == [marker_id]

@@ -201,8 +201,9 @@ async def test_overload_is_503(make_gateway, fake_worker):
     gw = await make_gateway(fake_worker.endpoint, max_queue=1)
     held = [asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat_body(f"w{i} STALL"))) for i in range(2)]
     # one runs on the worker's only sequence, the other waits in the gateway's queue
-    while len(fake_worker.submits) < 1 or gw.app.state.admission.queue(MODEL).depth < 1:
-        await asyncio.sleep(0.01)
+    from .test_disconnect import wait_for
+
+    await wait_for(lambda: len(fake_worker.submits) == 1 and gw.app.state.admission.queue(MODEL).depth == 1)
     r = await gw.client.post("/v1/chat/completions", json=chat_body("one more"))
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"

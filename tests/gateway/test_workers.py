@@ -231,24 +231,6 @@ def test_manifest_gpu_and_mmap_parameters_reach_the_worker_command():
     assert (args.n_gpu_layers, args.main_gpu, args.use_mmap, args.use_mlock) == (-1, 1, False, True)
 
 
-def test_tool_flags_from_the_manifest_and_the_operators_hand(tmp_path):
-    from barrel_inference.gateway.process import tool_argv
-
-    record = StubRecord("q:1", loader={"tool_format": "qwen-xml", "thinking_start": "<think>", "thinking_end": "</think>"})
-    settings = Settings(model_cache_dir=str(tmp_path), tool_call_formats={"angle": "my.mod"})
-    argv = tool_argv(settings, record)
-    flags = dict(zip(argv[::2], argv[1::2]))
-    assert flags["--tool-format"] == "qwen-xml" and flags["--thinking-start"] == "<think>"
-    assert flags["--tool-call-formats"] == '{"angle": "my.mod"}'
-    assert flags["--tool-replay-path"] == str(tmp_path / "tool-replay" / "q-1.sqlite")
-    assert flags["--tool-replay-ttl-ms"] == str(30 * 24 * 3600 * 1000)
-    by_hand = Settings(model_cache_dir=str(tmp_path), tool_replay_dir=str(tmp_path / "r"),
-                       models={"q:1": ModelSettings(tool_format="angle", thinking_start="<t>", thinking_end="</t>")})  # fmt: skip
-    flags = dict(zip(*[iter(tool_argv(by_hand, record))] * 2))
-    assert (flags["--tool-format"], flags["--thinking-start"], flags["--thinking-end"]) == ("angle", "<t>", "</t>")
-    assert flags["--tool-replay-path"] == str(tmp_path / "r" / "q-1.sqlite")
-
-
 async def test_a_worker_that_stops_answering_fails_its_requests_and_is_restarted(short_tmp):
     """No tick, reply or pong within the heartbeat timeout: typed error for what was in flight, the hung
     process is killed and a fresh worker started, without waiting for the next request."""
@@ -275,3 +257,21 @@ async def test_a_worker_that_stops_answering_fails_its_requests_and_is_restarted
         assert [e["model"] for e in logs.events("worker_restart")] == [MODEL]
     finally:
         await m.aclose()
+
+
+def test_tool_flags_from_the_manifest_and_the_operators_hand(tmp_path):
+    from barrel_inference.gateway.process import tool_argv
+
+    record = StubRecord("q:1", loader={"tool_format": "qwen-xml", "thinking_start": "<think>", "thinking_end": "</think>"})
+    settings = Settings(model_cache_dir=str(tmp_path), tool_call_formats={"angle": "my.mod"})
+    argv = tool_argv(settings, record)
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--tool-format"] == "qwen-xml" and flags["--thinking-start"] == "<think>"
+    assert flags["--tool-call-formats"] == '{"angle": "my.mod"}'
+    assert flags["--tool-replay-path"] == str(tmp_path / "tool-replay" / "q-1.sqlite")
+    assert flags["--tool-replay-ttl-ms"] == str(30 * 24 * 3600 * 1000)
+    by_hand = Settings(model_cache_dir=str(tmp_path), tool_replay_dir=str(tmp_path / "r"),
+                       models={"q:1": ModelSettings(tool_format="angle", thinking_start="<t>", thinking_end="</t>")})  # fmt: skip
+    flags = dict(zip(*[iter(tool_argv(by_hand, record))] * 2))
+    assert (flags["--tool-format"], flags["--thinking-start"], flags["--thinking-end"]) == ("angle", "<t>", "</t>")
+    assert flags["--tool-replay-path"] == str(tmp_path / "r" / "q-1.sqlite")

@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import re
+import time
 
 import httpx
 import pytest
@@ -79,28 +81,64 @@ async def test_concurrent_streams_never_mix(daemon):
     words = ["apple", "river", "cloud", "stone"]
 
     async def repeat(c, word):
-        chunks = []
+        chunks, times = [], []
         body = {"model": MODEL, "prompt": " ".join([word] * 12), "max_tokens": 12, "temperature": 0, "stream": True}
         async with c.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
-                    chunks.append(json.loads(line[6:])["choices"][0]["text"])
-        return "".join(chunks)
+                    text = json.loads(line[6:])["choices"][0]["text"]
+                    if text:
+                        chunks.append(text)
+                        times.append(time.monotonic())
+        return "".join(chunks), times
 
     async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
         outs = await asyncio.gather(*(repeat(c, w) for w in words))
-    for word, out in zip(words, outs):
+    for word, (out, _) in zip(words, outs):
         assert word in out.lower(), (word, out)
         assert not any(other in out.lower() for other in words if other != word), (word, out)
+    # the streams overlapped: every one had sent text before any of them sent its last
+    firsts = [times[0] for _, times in outs]
+    lasts = [times[-1] for _, times in outs]
+    assert max(firsts) < min(lasts), (firsts, lasts)
 
 
-async def test_identical_greedy_requests_batched_together_agree(daemon):
+NO_EOS = {"1": -100, "106": -100}  # <eos>, <end_of_turn>: every request runs to max_tokens
+LISTS = {  # prompt -> the next items of its list: the first comes from the prefill's row, the others from decode rows
+    "The days of the week are Monday, Tuesday,": ["wednesday", "thursday", "friday"],
+    "The months of the year are January, February,": ["march", "april", "may"],
+    "Counting in words: one, two, three, four,": ["five", "six", "seven"],
+    "The colours of the rainbow are red, orange,": ["yellow", "green", "blue"],
+}
+
+
+async def test_distinct_greedy_requests_batched_together_each_continue_their_own_prompt(daemon):
+    """Four different prompts decoded in the same batches: a request that read another batch row
+    would continue another prompt's list."""
+    n = 24
     async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as c:
-        outs = await asyncio.gather(*(complete(c, "The best way to learn a language is", max_tokens=24) for _ in range(4)))
-    texts = {o["text"] for o in outs}
-    assert len(texts) == 1, texts
-    assert len(outs[0]["text"].split()) >= 5
+        before = (await c.get("/api/stats", params={"model": MODEL})).json()["stats"]["profile"]
+        outs = await asyncio.gather(*(complete(c, p, max_tokens=n, logit_bias=NO_EOS) for p in LISTS))
+        # each request's last sampled token joins one more batch after its Done (its KV is then whole)
+        want = 4 * n
+        deadline = time.monotonic() + 10
+        while True:
+            after = (await c.get("/api/stats", params={"model": MODEL})).json()["stats"]["profile"]
+            if after["decode_rows"] - before["decode_rows"] >= want or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+    for (prompt, items), out in zip(LISTS.items(), outs):
+        words = re.findall(r"[a-z]+", out["text"].lower())
+        assert [w for w in words if w in items][:3] == items, (prompt, out["text"])
+        others = {w for other in LISTS.values() if other is not items for w in other}
+        assert not others & set(words), (prompt, out["text"])
+    # they shared decode steps: 4 x (n - 1) decode rows (the first token of each comes from its
+    # prefill) plus each one's tail row, in far fewer ticks than one request after another would take
+    rows = after["decode_rows"] - before["decode_rows"]
+    ticks = after["ticks"] - before["ticks"]
+    assert rows == want, (before, after)
+    assert ticks < rows / 2, f"{rows} decode rows took {ticks} ticks: the requests were not batched together"
 
 
 async def test_next_turn_of_a_conversation_reuses_the_cached_prefix(daemon):

@@ -74,3 +74,20 @@ def test_forced_call_then_replayed_history_across_a_restart(qwen, tmp_path):
         r3 = httpx.post(d2.url + "/v1/chat/completions", json=second, timeout=120)
         assert r3.status_code == 200, r3.text
         assert replay_counts(d2) == {"hit": 1, "miss": 0, "no_format": 0}
+
+
+def test_thinking_markers_set_by_hand_give_reasoning_content(qwen, tmp_path):
+    """Markers from the operator's config reach the worker; a budget closes the thinking span."""
+    from tinymodel import real_template
+
+    template = real_template("qwen2.5") + "{% if add_generation_prompt %}<think>\n{% endif %}"
+    extra = (f"[models.\"qwen:latest\"]\nthinking_start = \"<think>\"\nthinking_end = \"</think>\"\n"
+             f"chat_template = '''{template}'''\n")  # fmt: skip
+    with Daemon(tmp_path, {"qwen": qwen}, n_seq_max=1, n_ctx=4096, threads=1, extra=extra) as d:
+        body = {"model": "qwen", "messages": [USER], "temperature": 0, "max_tokens": 8, "thinking_budget": 3}
+        msg = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] and "<think>" not in (msg["content"] or "") and "</think>" not in msg["reasoning_content"]
+        with httpx.stream("POST", d.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+            deltas = [json.loads(x[6:])["choices"][0]["delta"] for x in s.iter_lines() if x.startswith("data: {")]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == (msg["content"] or "")

@@ -217,3 +217,19 @@ def test_llama_writes_the_call_without_its_tag():
     assert finish is FinishReason.TOOL_CALLS and parts == call_parts(span)
     parts, finish, _ = run("llama-python-tag", [b'{"answer": 1}'])
     assert finish is FinishReason.STOP and parts == [TextPart('{"answer": 1}')]
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", "^(\\w+\\s?)*$", "(a*){2,}", "a" * 1001])
+def test_patterns_that_could_backtrack_forever_are_refused(pattern):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}}}
+    with pytest.raises(ToolSchemaError):
+        ToolValidator([tool])
+
+
+@pytest.mark.parametrize("pattern", ["^[A-Z][a-z]+$", "^\\d{3}-\\d{4}$", "(ab)+", "^(foo|bar)$"])
+def test_ordinary_patterns_are_checked(pattern):
+    from barrel_inference.protocol import ToolCall
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}}}
+    v = ToolValidator([tool])
+    assert v.error(ToolCall("f", '{"s": "~~~"}')) is not None

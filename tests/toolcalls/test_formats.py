@@ -148,3 +148,14 @@ def test_detection_from_a_template(template, name):
     assert found["tool_format"] == name
     if name:
         assert found["tool_call_start"] == FormatTable().get(name).start
+
+
+def test_prefixed_renames_rules_not_literals():
+    from barrel_inference.toolcalls.grammar import prefixed
+
+    g = 'root ::= "{" space city "}"\ncity ::= "\\"city root\\"" [a-z-]+ space\nspace ::= " "?'
+    assert prefixed(g, "t0-").splitlines() == [
+        't0-root ::= "{" t0-space t0-city "}"',
+        't0-city ::= "\\"city root\\"" [a-z-]+ t0-space',
+        't0-space ::= " "?',
+    ]

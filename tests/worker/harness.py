@@ -67,9 +67,9 @@ def make_request(engine, rid, prompt, *, max_tokens=16, stop=(), session=None, t
 class Running:
     """Context manager: a started scheduler with a collector."""
 
-    def __init__(self, engine, n_ctx=None, prefill_chunk=256):
+    def __init__(self, engine, n_ctx=None, prefill_chunk=256, reuse=None):
         self.c = Collector()
-        self.s = Scheduler(engine, self.c.emit, n_ctx=n_ctx or engine.n_ctx, prefill_chunk=prefill_chunk)
+        self.s = Scheduler(engine, self.c.emit, n_ctx=n_ctx or engine.n_ctx, prefill_chunk=prefill_chunk, reuse=reuse)
 
     def __enter__(self):
         self.s.start()

@@ -190,30 +190,6 @@ def test_generation_streams_while_embedding_runs_on_its_own_thread(worker):
     assert order[: order.index("embed")].count("tick-g") >= 3, order
 
 
-def test_generation_streams_while_a_long_prompt_is_counted_on_a_helper_thread(worker):
-    """CountTokens renders and tokenizes off the scheduler thread: a stream submitted right after a
-    long count starts and streams while the count runs (on the scheduler thread it would wait)."""
-    _, client = worker
-    hello(client)
-    big = [ChatMessage("system", "rules " * 300_000), ChatMessage("user", "word " * 300_000)]
-    count = client.codec.encode(CountTokens("c", messages=big, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]))
-    client.sock.send(count)
-    client.send(Submit("g", prompt="hello", max_tokens=200, ignore_eos=True, sampling=Sampling(temperature=0)))
-    seen, order = set(), []
-    deadline = time.monotonic() + 60
-    while not {"g", "c"} <= seen and time.monotonic() < deadline:
-        msg = client.recv()
-        if isinstance(msg, Tick):
-            order += ["tick-g" for d in msg.deltas if d.id == "g"]
-            seen.update(d.id for d in msg.done)
-        elif getattr(msg, "id", None) == "c":
-            assert msg.error is None and msg.count > 600_000
-            order.append("count")
-            seen.add("c")
-    assert {"g", "c"} <= seen
-    assert order[: order.index("count")].count("tick-g") >= 3, order[:10]
-
-
 def test_an_aborted_embedding_stops_between_inputs(worker):
     _, client = worker
     hello(client)

@@ -39,7 +39,7 @@ FLAVOURS = {
 
 
 class Worker:
-    """A WorkerServer in-process: requests go through its _submit, ticks to a collector."""
+    """A WorkerServer in-process: requests go through its _submit and preparation threads, ticks to a collector."""
 
     def __init__(self, path, *, template=None, thinking=None, replay=None, tool_format=None):
         extra = resolve("default", "auto").extra_buffers  # off on CPUs whose repacked layouts crash llama.cpp
@@ -50,7 +50,7 @@ class Worker:
         self.server = WorkerServer(self.engine, tmpl, model="tiny", bind="ipc:///nowhere", n_ctx=4096, tools=self.tools)
         self.c = Collector()
         self.server.scheduler = Scheduler(self.engine, self.c.emit, n_ctx=4096)
-        self.server._post_out = self.c.emit  # refusals prepared off the scheduler thread come here too
+        self.server._post_out = self.c.emit  # refusals found while preparing (off the scheduler thread)
         self.server.scheduler.start()
         self.n = 0
 
@@ -247,3 +247,55 @@ def test_gemma_without_a_tool_format_calls_through_the_generic_one(gemma_gguf):
         assert done.finish_reason is FinishReason.TOOL_CALLS and [c["name"] for c in calls(parts)] == ["get_time"]
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("flavour, fmt, start", [("mistral", "mistral-tool-calls-args", "[TOOL_CALLS]"), ("qwen2.5", "dsml", "<｜tool▁calls▁begin｜>")])
+def test_formats_with_the_name_outside_the_json_are_constrained_too(models, flavour, fmt, start):
+    w = Worker(models[flavour], tool_format=fmt)
+    try:
+        parts, done, _ = w.run(tools=TOOLS, tool_choice="required", max_tokens=400, parallel_tool_calls=False)  # markers spelled byte by byte here
+        assert done.finish_reason is FinishReason.TOOL_CALLS, (done, parts)
+        [call] = calls(parts)
+        jsonschema.validate(json.loads(call["args"]), CITY if call["name"] == "get_weather" else TZ)
+        assert call["end"].raw.startswith(start)
+    finally:
+        w.close()
+
+
+def test_mistral_history_with_calls_renders_with_nine_character_ids(workers):
+    w = workers["mistral"]
+    history = USER + [
+        ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_0123456789abcdef01234567")]),
+        ChatMessage(role="tool", content="sunny", tool_call_id="call_0123456789abcdef01234567"),
+        ChatMessage(role="assistant", content="It is sunny."),
+        ChatMessage(role="user", content="And Rome?"),
+    ]
+    plan = w.tools.plan(Submit(id="m", messages=history, tools=TOOLS))
+    text = w.server.prompts.render(plan.messages, plan.tools, True, plan.template_kwargs)  # the template checks the ids
+    short = plan.messages[1].tool_calls[0].id
+    assert len(short) == 9 and short.isalnum() and plan.messages[2].tool_call_id == short
+    assert f'"call_id": "{short}"' in text and "[TOOL_CALLS] [" in text
+    assert w.tools.plan(Submit(id="m2", messages=history, tools=TOOLS)).messages[1].tool_calls[0].id == short  # stable
+    assert not workers["qwen2.5"].tools.short_ids
+
+
+def test_a_template_that_refuses_the_replayed_form_gets_the_history_as_sent(models, tmp_path):
+    replay = ReplayMap(tmp_path / "r.sqlite")
+    w = Worker(models["mistral"], replay=replay)
+    try:
+        replay.put("abc", b'[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]')
+        history = USER + [
+            ChatMessage(role="assistant", tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_abc")]),
+            ChatMessage(role="tool", content="sunny", tool_call_id="call_abc"),
+            ChatMessage(role="assistant", content="It is sunny."),
+            ChatMessage(role="user", content="And Rome?"),
+        ]
+        msg = Submit(id="m", messages=history, tools=TOOLS)
+        plan = w.tools.plan(msg)
+        assert list(plan.replayed) == [1]  # replayed, but Mistral's template wants the roles to alternate
+        toks = w.server.prompts.tokens(msg, plan)
+        assert plan.replayed == {} and plan.messages[1].tool_calls  # so it rendered the turn as sent
+        assert "[TOOL_CALLS] [" in w.engine.detokenize(toks, special=True)
+    finally:
+        w.close()
+        replay.close()

@@ -16,7 +16,7 @@ from ...registry import RegistryError
 from ...registry.gguf_header import read_header
 from ...registry.jobs import PullManager
 from ...registry.search import search as search_remotes
-from ..http import JSONBody
+from ..http import ClientDisconnected, JSONBody, until_disconnect
 from . import convert, wire
 
 T = TypeVar("T")
@@ -99,12 +99,17 @@ async def pull(request: Request) -> Response:
     """POST /api/pull: any pull spec (a name, hf://, ollama://, https://, file:///, an absolute path) is the model."""
     req = await decode(request, wire.PullRequest)
     spec = require_model(req)
-    job = pull_manager(request.app).start(spec, name=req.destination, sha256=req.sha256)
+    manager = pull_manager(request.app)
+    job = manager.start(spec, name=req.destination, sha256=req.sha256)
     if req.background:
+        job.detached = True
         return JSONBody(job.snapshot(), status_code=202)
     if req.stream:
-        return ndjson(job.events())
-    await job.wait()
+        return ndjson(manager.follow(job))  # a client that goes away cancels the pull
+    try:
+        await until_disconnect(request, manager.wait_watched(job))
+    except ClientDisconnected:
+        return Response(status_code=499)
     return JSONBody({"status": "success"})
 
 
@@ -138,16 +143,19 @@ async def show(request: Request) -> Response:
     req = await decode(request, wire.ShowRequest)
     record = await asyncio.to_thread(request.app.state.registry.resolve, require_model(req))
     running = next((m for m in request.app.state.models.running() if m.name == record.name), None)
+    configured = request.app.state.settings.models.get(record.name) if hasattr(request.app.state, "settings") else None
+    override = (configured and configured.chat_template) or (record.engine() or {}).get("chat_template")
+    gguf_template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
+    # ours: where the chat template comes from; "architecture" means the model brought none (a base model)
+    origin = "override" if override else "source" if record.template else "gguf" if gguf_template else "architecture"
     if running is not None:  # the worker says exactly which template it renders with
         body = convert.show_body(record, verbose=req.verbose, template=running.chat_template_source)
         body["chat_template"] = running.chat_template
-        return JSONBody(body)
-    template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
-    body = convert.show_body(record, verbose=req.verbose, template=template)
-    configured = request.app.state.settings.models.get(record.name) if hasattr(request.app.state, "settings") else None
-    override = (configured and configured.chat_template) or (record.engine() or {}).get("chat_template")
-    arch = (record.details or {}).get("architecture", "")
-    body["chat_template"] = override or ("gguf" if template else f"built-in for architecture '{arch}' (chosen when loaded)")
+    else:
+        body = convert.show_body(record, verbose=req.verbose, template=gguf_template)
+        arch = (record.details or {}).get("architecture", "")
+        body["chat_template"] = override or ("gguf" if gguf_template else f"built-in for architecture '{arch}' (chosen when loaded)")
+    body["chat_template_origin"] = origin
     return JSONBody(body)
 
 
@@ -163,6 +171,10 @@ async def delete(request: Request) -> Response:
     if models is not None and any(m.name == canonical for m in models.running()):
         await models.unload(canonical)  # a model being deleted stops serving first
     await asyncio.to_thread(registry.delete, canonical)
+    if (admission := getattr(request.app.state, "admission", None)) is not None:
+        admission.forget(canonical)
+    if (metrics := getattr(request.app.state, "metrics", None)) is not None:
+        metrics.forget_model(canonical)  # a deleted model's series go with it
     return Response(status_code=200)
 
 

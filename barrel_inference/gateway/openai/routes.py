@@ -3,6 +3,7 @@ POST /v1/embeddings, GET /v1/models[/{id}]."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -14,6 +15,7 @@ from ..errors import GatewayError, invalid
 from ..family import Family
 from starlette.requests import ClientDisconnect
 
+from ..generation import record_embedding
 from ..lifecycle import Adapter, Context, Result, admitted_call, endpoint, read_body
 from ..http import ClientDisconnected, JSONBody, client_request_id, new_id
 from .convert import (
@@ -25,6 +27,7 @@ from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Wi
 
 API_CHAT = "openai.chat"
 API_COMPLETIONS = "openai.completions"
+API_EMBEDDINGS = "openai.embeddings"
 EMBED_TIMEOUT_S = 600.0  # many long inputs on a CPU take a while; a silent worker is caught by the heartbeat
 
 FAMILY = Family("openai", ("/v1",), render_error=error_body)
@@ -97,20 +100,33 @@ def error_response(exc: GatewayError, request_id: str | None = None) -> Response
 
 async def embeddings(request: Request) -> Response:
     rid = new_id("emb-")
-    headers = {"x-request-id": client_request_id(request) or rid}
+    t0 = time.monotonic()
+    request_id = client_request_id(request) or rid
+    headers = {"x-request-id": request_id}
+    state = request.app.state
+    model, n_inputs = "", 0
     try:
         req = decode_or_invalid(await read_body(request), EmbeddingRequest)
         inputs = embedding_inputs(req)
+        n_inputs = len(inputs)
+        model = await _model_name(state, req.model)
         result = await admitted_call(request, req.model, Embed(id=rid, inputs=inputs), timeout=EMBED_TIMEOUT_S)
         if result.error is not None:
             raise GatewayError.from_info(result.error)
         data = [embedding_json(v, i, req.encoding_format, req.dimensions) for i, v in enumerate(result.embeddings)]
     except GatewayError as exc:
+        record_embedding(state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=n_inputs, prompt_tokens=None, t0=t0, error=exc)
         return FAMILY.error(exc, headers=headers)
     except (ClientDisconnected, ClientDisconnect):
         return Response(status_code=499)
+    record_embedding(state, api=API_EMBEDDINGS, model=model, request_id=request_id, inputs=n_inputs, prompt_tokens=result.count, t0=t0)
     usage = {"prompt_tokens": result.count, "total_tokens": result.count}
     return JSONBody({"object": "list", "data": data, "model": req.model, "usage": usage}, headers=headers)
+
+
+async def _model_name(state: Any, requested: str) -> str:
+    """The registry's name for `requested` (what metrics and logs are labelled with); GatewayError if unknown."""
+    return (await state.models.resolve(requested)).name
 
 
 async def list_models(request: Request) -> Response:

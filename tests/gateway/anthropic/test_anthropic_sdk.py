@@ -343,3 +343,15 @@ async def test_bad_json_and_wrong_types_are_400_never_500(gw):
         r = await gw.client.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400, (raw, r.text)
         assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_tool_choice_and_thinking_reach_the_worker(gw, fake_worker):
+    client = sdk(gw)
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=user("hi"), tools=[WEATHER],
+                                 tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+                                 thinking={"type": "enabled", "budget_tokens": 256})  # fmt: skip
+    s = fake_worker.submits[-1]
+    assert s.tool_choice == {"type": "function", "function": {"name": "get_weather"}} and s.parallel_tool_calls is False
+    assert s.template_kwargs == {"enable_thinking": True} and s.thinking_budget == 256
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=user("hi"), tools=[WEATHER], tool_choice={"type": "any"})
+    assert fake_worker.submits[-1].tool_choice == "required" and fake_worker.submits[-1].parallel_tool_calls is True

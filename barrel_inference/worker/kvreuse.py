@@ -1,0 +1,223 @@
+"""KV reuse: gives each new request a sequence and fills it with the longest proven-equal prefix.
+
+Runs on the scheduler thread. The pool (seqpool.py) decides which sequence a request gets and
+which other sequence holds the longest committed prefix; this module performs it on the engine:
+keep the target's own prefix, copy a prefix from another sequence (llama_memory_seq_cp, busy or
+not), or restore a saved state from the RAM / disk tiers (kvstore.py), whichever reuses most.
+A cache that a plan overwrites, and caches beyond `max_retained_tokens`, are saved to the tiers
+first. Saving and restoring are memcpys of one sequence's KV (bounded by n_ctx); disk reads and
+writes run on the store's I/O thread, and a request whose best prefix is on disk is parked until
+it is read (other requests are admitted meanwhile).
+
+It also keeps, per session, what the session's last turn committed, to explain a miss when a
+later turn of the session reuses less (`evicted`, `diverged-at=<index>`, `template-changed`,
+`model-reloaded`).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .kvstore import KvStore
+from .seqpool import Evicted, Live, SeqPool, common_prefix
+
+KINDS = ("sticky", "prefix", "copy", "ram", "disk", "cold")
+MAX_SESSIONS = 1024  # remembered sessions (for miss explanations), least recently seen dropped
+MIN_SAVE = 16  # shorter caches are not worth a tier entry
+MIN_LOAD_GAIN = 64  # a disk load must beat what the sequences hold by this many tokens
+
+
+@dataclass
+class SessionRec:
+    tokens: array
+    template: str
+
+
+class KvReuse:
+    def __init__(self, engine, *, n_seq: int, store: KvStore | None = None, max_retained_tokens: int | None = None,
+                 exact_up_to: int | None = None, template_id: str = "", log=None):  # fmt: skip
+        self.engine = engine
+        self.pool = SeqPool(n_seq)
+        self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
+        self.max_retained = max_retained_tokens
+        self.exact_up_to = exact_up_to  # None: restores are exact at any length
+        self.template_id = template_id
+        self.log = log or (lambda *a, **k: None)
+        self.sessions: OrderedDict[str, SessionRec] = OrderedDict()
+        self.hits = dict.fromkeys(KINDS, 0)
+        self.reused_tokens = 0
+        self.evaluated_tokens = 0
+        self.evictions = 0  # caches taken out of sequences (saved or lost)
+        self.save_ms_max = 0.0  # the longest state copy out of / into llama.cpp on the scheduler thread
+        self.restore_ms_max = 0.0
+
+    # ---- admission ----------------------------------------------------------------------
+    def admit(self, req, live: Live) -> bool | None:
+        """Give req a sequence with its reused prefix in the KV cache; sets req.seq, n_past, n_cached,
+        cache_kind, cache_miss. False: no sequence is free; None: parked while a disk entry loads."""
+        prompt = req.prompt
+        limit = len(prompt) - 1  # at least one prompt token is decoded, for its logits
+        store = self.store
+        entry, n_t = store.find(prompt) if store is not None else (None, 0)
+        n_t = min(n_t, limit)
+        if entry is not None and entry.data is None and not req.parked:
+            if n_t >= self.pool.best_prefix(prompt, live) + MIN_LOAD_GAIN and store.load(entry):
+                req.parked = True
+                req.parked_on = entry
+                return None
+        plan = self.pool.acquire(req.session, prompt, live)
+        if plan is None:
+            return False
+        req.seq = plan.seq
+        if plan.evict is not None:
+            self._save(plan.evict)
+        e, seq = self.engine, plan.seq
+        keep, copy_n = min(plan.keep, limit), min(plan.copy_n, limit)
+        n, kind = 0, "cold"
+        data = store.take(entry) if entry is not None and n_t > max(keep, copy_n) else None
+        if data is not None:
+            from_disk = entry.on_disk and req.parked
+            t0 = time.perf_counter()
+            loaded = e.state_seq_load(seq, data)
+            self.restore_ms_max = max(self.restore_ms_max, (time.perf_counter() - t0) * 1000.0)
+            if loaded and self._fit(seq, entry.n, n_t):
+                n, kind = n_t, "disk" if from_disk else "ram"
+            else:
+                e.seq_clear(seq)
+                keep = 0
+        if n == 0 and copy_n > keep:
+            e.seq_clear(seq)
+            e.seq_copy(plan.copy_from, seq, copy_n)
+            if self._fit(seq, copy_n, copy_n):
+                n, kind = copy_n, "copy"
+            else:
+                e.seq_clear(seq)
+                keep = 0
+        if n == 0 and keep > 0 and data is None:
+            if e.seq_truncate(seq, keep) and e.can_continue(seq, keep):
+                n, kind = keep, plan.kind
+        if n == 0:
+            e.seq_clear(seq)
+        elif kind in ("copy", "ram", "disk"):
+            e.seq_truncate(seq, n)  # nothing beyond the reused prefix stays
+        req.seq = seq
+        req.n_past = req.n_cached = n
+        req.cache_kind = kind if n > 0 else "cold"
+        req.cache_miss = self._explain(req.session, prompt, n)
+        self.hits[req.cache_kind] += 1
+        self.reused_tokens += n
+        self.evaluated_tokens += len(prompt) - n
+        if req.cache_miss:
+            self.log("cache_miss", id=req.id, session=req.session, reason=req.cache_miss, reused=n, prompt=len(prompt))
+        return True
+
+    def _fit(self, seq: int, have: int, want: int) -> bool:
+        e = self.engine
+        if want < have and not e.seq_truncate(seq, want):
+            return False
+        return e.can_continue(seq, want)
+
+    def unadmit(self, req) -> None:
+        """The request could not start after all (its sampler failed): free its sequence."""
+        if req.seq >= 0:
+            if self.pool.release(req.seq, None):
+                self.engine.seq_clear(req.seq)
+            req.seq = -1
+
+    # ---- endings ------------------------------------------------------------------------
+    def release(self, req, tokens: list[int] | None) -> None:
+        """req's sequence is free again; tokens: what its KV holds (None: unknown, cleared)."""
+        if self.pool.release(req.seq, tokens):
+            self.engine.seq_clear(req.seq)
+        if req.session and tokens is not None:
+            self.sessions[req.session] = SessionRec(array("i", tokens), self.template_id)
+            self.sessions.move_to_end(req.session)
+            while len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        self.enforce_retention()
+
+    def enforce_retention(self) -> None:
+        if self.max_retained is None:
+            return
+        for slot in self.pool.over_retention(self.max_retained):
+            self._save(Evicted(slot.seq, slot.tokens, slot.session))
+            self.engine.seq_clear(slot.seq)
+            self.pool.forget(slot.seq)
+
+    def end_session(self, session: str) -> None:
+        seq = self.pool.end_session(session)
+        if seq is not None:
+            self.engine.seq_clear(seq)
+        self.sessions.pop(session, None)
+
+    def persist(self) -> None:
+        """At shutdown: idle sequences' caches go to the tiers, the RAM tier to disk."""
+        if self.store is None:
+            return
+        for slot in self.pool.slots:
+            if not slot.busy and slot.tokens:
+                self._save(Evicted(slot.seq, slot.tokens, slot.session), count=False)
+        self.store.persist()
+
+    def reset(self) -> None:
+        """The context was recreated: every sequence is empty (saved tiers stay valid)."""
+        self.pool.reset()
+
+    def _save(self, ev: Evicted, count: bool = True) -> None:
+        self.evictions += count
+        n = len(ev.tokens)
+        store = self.store
+        if store is None or n < MIN_SAVE or (self.exact_up_to is not None and n > self.exact_up_to):
+            return
+        found, n_have = store.find(ev.tokens)
+        if found is not None and n_have == n == found.n:
+            store.take(found)  # already saved: only mark it used
+            return
+        t0 = time.perf_counter()
+        data = self.engine.state_seq_save(ev.seq)
+        self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
+        store.put(ev.tokens, data, session=ev.session, template=self.template_id)
+
+    # ---- explanations -------------------------------------------------------------------
+    def _explain(self, session: str | None, prompt: list[int], n: int) -> str:
+        if not session:
+            return ""
+        rec = self.sessions.get(session)
+        if rec is None:  # not seen since this worker started: what the disk tier knows of it
+            if self.store is None:
+                return ""
+            had = self.store.template_changed.pop(session, 0)
+            if had and n < min(had, len(prompt) - 1):
+                return "template-changed"
+            return self.store.stale_sessions.pop(session, "")
+        self.sessions.move_to_end(session)
+        prev = rec.tokens
+        best = min(len(prev), len(prompt) - 1)
+        if n >= best:
+            return ""
+        d = common_prefix(prev, prompt)
+        if n < min(d, best):
+            return "evicted"
+        if rec.template != self.template_id:
+            return "template-changed"
+        return f"diverged-at={d}"
+
+    def stats(self) -> dict:
+        out = {
+            "hits": dict(self.hits), "reused_tokens": self.reused_tokens, "evaluated_tokens": self.evaluated_tokens,
+            "evictions": self.evictions, "retained_tokens": self.pool.retained(), "max_retained_tokens": self.max_retained,
+            "sessions": len(self.sessions), "save_ms_max": round(self.save_ms_max, 2),
+            "restore_ms_max": round(self.restore_ms_max, 2),
+        }  # fmt: skip
+        if self.store is not None:
+            out["tiers"] = self.store.stats()
+        return out
+
+    def tier_figures(self) -> tuple[int, int, int, int]:
+        if self.store is None:
+            return 0, 0, 0, 0
+        s = self.store.stats()
+        return s["ram_bytes"], s["ram_entries"], s["disk_bytes"], s["disk_entries"]

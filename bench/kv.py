@@ -1,0 +1,221 @@
+"""KV reuse workloads: conversations whose turn N should cost only its new tokens.
+
+    python -m bench.kv --systems ours,llama-server --workloads a,b,c,d
+
+(a) one 10-turn conversation with a ~1,500-token system prompt: TTFT per turn;
+(b) conversations interleaved round-robin over fewer sequences, 10 turns each (16 over 8:
+    `--interleave 16 --parallel 8`; 8 over 4: `--interleave 8 --parallel 4`): median turn-N TTFT
+    against the single-conversation figure of (a);
+(c) ours only: a conversation's next turn after a daemon restart (its state restored from the disk
+    tier) against the same prompt after a restart with the tier emptied (a cold prefill);
+(d) a ~2,000-token prompt arriving while streams decode, after three ~2,000-token conversations
+    left their caches behind: its TTFT.
+Every system gets the same model, threads and per-sequence context; prints figures and writes
+them to the run's work directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import build as buildmod
+from . import systems, workloads
+from .__main__ import log, prepare_model, token_counter
+from .client import LoadClient, RequestSpec, percentile
+
+QUESTIONS = workloads.QUESTIONS
+
+
+def system_prompt(tokens: int, count, seed: int = 7) -> str:
+    text = workloads.long_prompt(seed, tokens, count)
+    return "You are a helpful assistant. Keep to these notes:\n" + text
+
+
+async def _turn(client: LoadClient, messages: list[dict], max_tokens: int, session: str | None) -> dict:
+    headers = {"x-session-id": session} if session else None
+    res = await client.stream(RequestSpec(messages=list(messages), max_tokens=max_tokens, headers=headers))
+    messages.append({"role": "assistant", "content": res.text})
+    return {
+        "ttft_ms": None if res.ttft is None else round(res.ttft * 1000.0, 1), "prompt_tokens": res.prompt_tokens,
+        "cached_tokens": res.cached_tokens, "ok": res.ok, "error": res.error,
+    }  # fmt: skip
+
+
+async def one_conversation(client: LoadClient, system: str, *, turns: int, max_tokens: int, session: str | None = "a") -> dict:
+    """(a) TTFT of every turn of one conversation."""
+    messages = [{"role": "system", "content": system}]
+    per_turn = []
+    for i in range(turns):
+        messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
+        per_turn.append({"turn": i + 1, **await _turn(client, messages, max_tokens, session)})
+    later = [t["ttft_ms"] for t in per_turn[1:] if t["ttft_ms"] is not None]
+    return {"turns": per_turn, "ttft_ms_turn1": per_turn[0]["ttft_ms"], "ttft_ms_later_p50": percentile(later, 50)}
+
+
+async def interleaved(client: LoadClient, system: str, *, n_conv: int, turns: int, max_tokens: int) -> dict:
+    """(b) n_conv conversations, one turn each in round-robin order, `turns` rounds."""
+    convs = [[{"role": "system", "content": system}] for _ in range(n_conv)]
+    by_turn: list[list[float]] = [[] for _ in range(turns)]
+    cached: list[list[int]] = [[] for _ in range(turns)]
+    for i in range(turns):
+        for k, messages in enumerate(convs):
+            messages.append({"role": "user", "content": f"[{k}] " + QUESTIONS[i % len(QUESTIONS)]})
+            t = await _turn(client, messages, max_tokens, f"conv-{k}")
+            if t["ttft_ms"] is not None:
+                by_turn[i].append(t["ttft_ms"])
+            if t["cached_tokens"] is not None:
+                cached[i].append(t["cached_tokens"])
+    return {
+        "conversations": n_conv,
+        "ttft_ms_p50_by_turn": [percentile(v, 50) for v in by_turn],
+        "cached_tokens_p50_by_turn": [percentile(v, 50) if v else None for v in cached],
+    }
+
+
+async def long_prompt_with_retained(client: LoadClient, count, *, long_tokens: int, retained: int = 3) -> dict:
+    """(d) `retained` conversations of ~long_tokens leave their caches; then a long prompt arrives during decode."""
+    for k in range(retained):
+        messages = [{"role": "user", "content": workloads.long_prompt(100 + k, long_tokens, count)}]
+        await _turn(client, messages, 8, f"retained-{k}")
+    fig = await workloads.long_prompt_during_decode(client, [workloads.long_prompt(200, long_tokens, count)])
+    return {"retained_conversations": retained, "long_ttft_ms": fig["long_ttft_ms_p50"], "max_gap_ms": fig["max_gap_ms"]}
+
+
+async def restore_after_restart(server: systems.Server, kv_dir: Path, system: str, *, max_tokens: int) -> dict:
+    """(c) ours: turn 2 after a restart, restored from disk, against the same prompt cold."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTIONS[0]}]
+
+    async def start():
+        server.proc = None
+        server.start()
+        await server.wait_ready()
+        async with LoadClient(server.base_url, server.model_id) as c:
+            await c.get_json(server.stats_path)  # the worker is loaded before any timing
+
+    shutil.rmtree(kv_dir, ignore_errors=True)  # states saved by earlier runs would make turn 1 warm
+    await start()
+    async with LoadClient(server.base_url, server.model_id) as c:
+        first = await _turn(c, messages, max_tokens, "restart")
+    server.stop()
+    messages.append({"role": "user", "content": QUESTIONS[1]})
+    await start()
+    async with LoadClient(server.base_url, server.model_id) as c:
+        warm = await _turn(c, list(messages), max_tokens, "restart")
+        stats = await c.get_json(server.stats_path)
+    server.stop()
+    shutil.rmtree(kv_dir, ignore_errors=True)
+    await start()
+    async with LoadClient(server.base_url, server.model_id) as c:
+        cold = await _turn(c, list(messages), max_tokens, "restart")
+    server.stop()
+    shutil.rmtree(kv_dir, ignore_errors=True)  # what the cold run saved at exit
+    hits = ((stats or {}).get("stats") or {}).get("cache", {}).get("hits", {})
+    ratio = cold["ttft_ms"] / warm["ttft_ms"] if warm["ttft_ms"] and cold["ttft_ms"] else None
+    return {"turn1": first, "restored": warm, "cold": cold, "disk_hits": hits.get("disk"), "cold_over_restored": ratio}
+
+
+async def measure(name: str, server: systems.Server, args, count, system: str, kv_dir: Path | None) -> dict:
+    out: dict = {}
+    if "c" in args.workloads and name == "ours":
+        log("(c) restore after a restart")
+        out["c"] = await restore_after_restart(server, kv_dir, system, max_tokens=args.max_tokens)
+        log(json.dumps(out["c"]))
+    rest = [w for w in args.workloads if w in "abd"]
+    if not rest:
+        return out
+    if kv_dir is not None:
+        shutil.rmtree(kv_dir, ignore_errors=True)  # every workload starts cold
+    server.proc = None
+    server.start()
+    try:
+        await server.wait_ready(args.start_timeout)
+        async with LoadClient(server.base_url, server.model_id) as client:
+            if server.stats_path:
+                await client.get_json(server.stats_path)
+            if "a" in rest:
+                log("(a) one conversation")
+                out["a"] = await one_conversation(client, system, turns=args.turns, max_tokens=args.max_tokens)
+                log(json.dumps({k: v for k, v in out["a"].items() if k != "turns"}) + " " + str([t["ttft_ms"] for t in out["a"]["turns"]]))
+            if "b" in rest:
+                out["b"] = []
+                for n_conv in args.interleave:
+                    log(f"(b) {n_conv} conversations interleaved")
+                    fig = await interleaved(client, system, n_conv=n_conv, turns=args.turns, max_tokens=args.max_tokens)
+                    out["b"].append(fig)
+                    log(json.dumps(fig))
+            if "d" in rest:
+                log("(d) long prompt with retained caches")
+                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens)
+                log(json.dumps(out["d"]))
+    finally:
+        server.stop()
+    return out
+
+
+async def run(args) -> dict:
+    cache = buildmod.cache_root()
+    work = cache / "runs" / ("kv-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_name, model_path = prepare_model(args.model, cache)
+    count = token_counter(model_path)
+    system = system_prompt(args.system_tokens, count)
+    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel)
+    results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
+                        "ctx_per_seq": args.ctx, "parallel": args.parallel, "turns": args.turns,
+                        "command": "python -m bench.kv " + " ".join(sys.argv[1:]), "logs": str(work)},
+               "systems": {}}  # fmt: skip
+    for name in args.systems:
+        log(f"\n== {name} ==")
+        kv_dir = None
+        if name == "ours":
+            server = systems.ours(shape, model_name, cache / "models", work)
+            kv_dir = cache / "kv"  # the daemon's default: beside model_cache_dir
+        elif name == "llama-server":
+            server = systems.llama_server(shape, buildmod.build_llama_server(jobs=args.jobs), work)
+        else:
+            raise SystemExit(f"unknown system {name}")
+        t0 = time.perf_counter()
+        results["systems"][name] = await measure(name, server, args, count, system, kv_dir)
+        results["systems"][name]["wall_s"] = round(time.perf_counter() - t0, 1)
+    out = work / "kv-results.json"
+    out.write_text(json.dumps(results, indent=1))
+    log(f"\nresults in {out}")
+    return results
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.kv", description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", default="ours,llama-server")
+    p.add_argument("--workloads", default="a,b,c,d", help="comma-separated: a,b,c,d")
+    p.add_argument("--model", help="a GGUF path (default: the packaged gemma3:270m)")
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--system-tokens", type=int, default=1500)
+    p.add_argument("--long-tokens", type=int, default=2000)
+    p.add_argument("--interleave", default="8", help="(b): conversation counts, over --parallel sequences")
+    p.add_argument("--parallel", type=int, default=4, help="sequences / slots")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    args = p.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.interleave = [int(x) for x in args.interleave.split(",") if x]
+    return args
+
+
+def main(argv=None) -> int:
+    asyncio.run(run(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Session ids and prompt normalisers (family-neutral helpers of the gateway)."""
+
+import re
+
+import pytest
+
+from barrel_inference.config import CLAUDE_CODE_ATTRIBUTION, Settings
+from barrel_inference.gateway.metrics import GatewayMetrics
+from barrel_inference.gateway.sessions import PromptNormalizer, prepare, session_id
+from barrel_inference.protocol import CacheInfo, ChatMessage, Submit
+
+
+@pytest.mark.parametrize(
+    "headers, kw, want",
+    [
+        ({"x-conversation-id": "c1"}, {}, "h:c1"),
+        ({"x-session-id": " s9 "}, {}, "h:s9"),
+        ({"x-conversation-id": "c1", "x-session-id": "s9"}, {}, "h:c1"),  # the conversation header first
+        ({"x-session-id": ""}, {}, None),
+        ({}, {}, None),
+        (None, {}, None),
+    ],
+)
+def test_session_from_headers(headers, kw, want):
+    assert session_id(headers, **kw) == want
+
+
+def test_session_from_user_id_and_first_user_message():
+    msgs = [ChatMessage("system", "sys"), ChatMessage("user", "fix the bug"), ChatMessage("assistant", "ok")]
+    a = session_id({}, user_id="user_abc_session_1", messages=msgs)
+    assert a is not None and a.startswith("u:")
+    assert session_id({}, user_id="user_abc_session_1", messages=msgs[:2]) == a  # later turns: the same session
+    sub = [ChatMessage("user", "explore the repo")]
+    assert session_id({}, user_id="user_abc_session_1", messages=sub) != a  # a sub-agent: its own session
+    assert session_id({"x-session-id": "h"}, user_id="u", messages=msgs) == "h:h"  # the header wins
+    assert len(session_id({"x-session-id": "x" * 5000})) < 80
+
+
+def test_claude_code_attribution_line_is_removed_from_system_messages_only():
+    norm = PromptNormalizer(Settings().prompt_normalizers)
+    line = "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; cch=fa690;"
+    msgs = [
+        ChatMessage("system", line + "\nYou are Claude Code.\nBe brief."),
+        ChatMessage("user", line),
+    ]
+    out = norm.messages(msgs)
+    assert out[0].content == "You are Claude Code.\nBe brief."
+    assert out[1].content == line  # user text is never touched
+    other = norm.messages([ChatMessage("system", line.replace("fa690", "0aaa9") + "\nYou are Claude Code.\nBe brief.")])
+    assert other[0].content == out[0].content  # two requests' system prompts are now identical
+    assert norm.messages([ChatMessage("system", line)])[0].content == ""
+    assert PromptNormalizer([]).messages(msgs) is msgs  # normalising off
+
+
+def test_prepare_sets_session_and_normalises():
+    s = Submit("r1", messages=[ChatMessage("system", "x-anthropic-billing-header: cch=1;\nsys"), ChatMessage("user", "hi")])
+    prepare(s, PromptNormalizer([CLAUDE_CODE_ATTRIBUTION]), {"x-session-id": "abc"})
+    assert s.session == "h:abc" and s.messages[0].content == "sys"
+    keep = Submit("r2", prompt="hi", session="u:given")
+    prepare(keep, None, {"x-session-id": "abc"})
+    assert keep.session == "u:given"  # a family's own derivation is kept
+    assert re.compile(CLAUDE_CODE_ATTRIBUTION)
+
+
+def test_cache_metrics():
+    m = GatewayMetrics()
+    m.record_cache("tiny", CacheInfo("sticky", evaluated_tokens=5, ram_bytes=100, ram_entries=1, evictions=2))
+    m.record_cache("tiny", CacheInfo("cold", miss="diverged-at=7", evaluated_tokens=9, evictions=3))
+    text = m.render().decode()
+    assert 'barrel_inference_cache_hits_total{kind="sticky",model="tiny"} 1.0' in text
+    assert 'barrel_inference_prompt_tokens_evaluated_total{model="tiny"} 14.0' in text
+    assert 'barrel_inference_cache_misses_total{model="tiny",reason="diverged-at"} 1.0' in text
+    assert 'barrel_inference_kv_evictions_total{model="tiny"} 3.0' in text
+    assert 'barrel_inference_kv_tier_bytes{model="tiny",tier="ram"} 0.0' in text  # the latest figures
+
+
+def test_kv_selftest_line_of_the_doctor_report():
+    from barrel_inference.sysreport import kv_selftest_text
+
+    assert kv_selftest_text(None).startswith("off")
+    exact = {"exact_up_to": None, "probes": [{"tokens": 256, "exact": True, "max_abs_diff": 0.0}]}
+    assert kv_selftest_text(exact) == "exact (256 tokens exact)"
+    swa = {"exact_up_to": 512, "probes": [{"tokens": 512, "exact": True, "max_abs_diff": 0.0},
+                                         {"tokens": 576, "exact": False, "max_abs_diff": 1.5}]}  # fmt: skip
+    assert kv_selftest_text(swa) == "exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 1.5)"
