@@ -97,6 +97,19 @@ async def test_open_when_no_key_is_configured(gateway):
     assert (await call(gateway, TAGS)).status_code == 200
 
 
+async def test_changing_aliases_needs_an_admin_key_listing_them_a_family_key(gw):
+    set_alias = ("PUT", "/api/aliases/claude-x", {"target": MODEL})
+    remove_alias = ("DELETE", "/api/aliases/claude-x", None)
+    assert (await call(gw, set_alias)).status_code == 401
+    assert (await call(gw, set_alias, bearer("sk-ollama"))).status_code == 403
+    r = await call(gw, set_alias, bearer("sk-admin"))
+    assert r.status_code == 200 and r.json()["alias"] == "claude-x", r.text
+    r = await call(gw, ("GET", "/api/aliases", None), bearer("sk-ollama"))
+    assert r.status_code == 200 and "claude-x" in r.json()["aliases"]
+    assert (await call(gw, remove_alias, bearer("sk-ollama"))).status_code == 403
+    assert (await call(gw, remove_alias, bearer("sk-admin"))).status_code == 200
+
+
 async def test_anthropic_shorthand_protects_anthropic_only(make_gateway, fake_worker):
     gw = await make_gateway(fake_worker.endpoint, anthropic_api_keys=["sk-a"])
     assert (await call(gw, MESSAGES)).status_code == 401
