@@ -13,7 +13,7 @@ import re
 import msgspec
 
 from ..protocol import ErrorCode, SchemaReceipt, Submit
-from .engine_api import Engine, EngineError
+from .engine_api import Engine
 from .grammar import GrammarLimits, GrammarRefused, check_gbnf, check_schema
 from .schema_gbnf import convert
 from .segments import Markers, align, tokenize_segments
