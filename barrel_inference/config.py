@@ -75,7 +75,7 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
 # settings a running daemon re-reads from its config file on SIGHUP
 # keys SIGHUP re-reads; a running model whose engine settings (defaults / models) changed restarts
 # with them once idle; queue limits apply to the next request
-RELOADABLE = ("aliases", "anthropic_api_keys", "defaults", "models", "max_queue")
+RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key", "defaults", "models", "max_queue")
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
@@ -85,6 +85,15 @@ BUILTIN_MODEL_SETTINGS = ModelSettings(
 
 # Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
 CLAUDE_CODE_ATTRIBUTION = r"(?m)^x-anthropic-billing-header:[^\n]*(\n|$)"
+
+
+class ApiKey(msgspec.Struct, forbid_unknown_fields=True):
+    """A key clients present (OpenAI and Ollama: Authorization: Bearer; Anthropic: x-api-key or Bearer)."""
+
+    key: str
+    families: list[str] = []  # the API families it may use ("openai", "anthropic", "ollama"); empty: all
+    admin: bool = False  # management routes (pull, delete, create, copy, edit, unload) need an admin key
+    name: str = ""  # for the operator (logs); never compared
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -97,7 +106,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     # changes every request does not defeat prefix reuse (default: Claude Code's attribution line)
     prompt_normalizers: list[str] = msgspec.field(default_factory=lambda: [CLAUDE_CODE_ATTRIBUTION])
     aliases: dict[str, str] = {}
-    # keys the Anthropic routes accept (x-api-key or Authorization: Bearer); empty: open to any key or none
+    # API keys for every family: empty (and no anthropic_api_keys): open, the local default. A family
+    # any key names (or a key with no families) is protected: a missing or unknown key gets 401 in
+    # that family's envelope; management routes then need an admin key; /health stays open
+    api_keys: list[ApiKey] = []
+    metrics_require_key: bool = False  # true: GET /metrics needs a key too (once any key is configured)
+    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer)
     anthropic_api_keys: list[str] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
@@ -170,6 +184,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         return changed
 
     # ---- derived --------------------------------------------------------------------
+    def all_api_keys(self) -> list[ApiKey]:
+        """api_keys, then anthropic_api_keys as keys for the Anthropic family."""
+        return [*self.api_keys, *(ApiKey(key=k, families=["anthropic"]) for k in self.anthropic_api_keys)]
+
     def cache_dir(self) -> Path:
         if self.model_cache_dir:
             return Path(self.model_cache_dir).expanduser()

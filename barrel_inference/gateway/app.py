@@ -17,6 +17,7 @@ from ..config import Settings
 from ..protocol import ErrorCode, ErrorInfo
 from . import aliases, health, openapi, system, webui
 from .admission import Admission
+from .auth import ApiKeyMiddleware
 from .drain import DrainGate
 from .errors import GatewayError
 from .family import Families, Family
@@ -184,6 +185,7 @@ def create_app(
     app.state.families = families  # /openapi.json reads their schema tables too
     models.metrics = app.state.metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes, families=families)
+    app.add_middleware(ApiKeyMiddleware, settings=settings, families=families)
     app.add_middleware(ErrorMiddleware, log=log, families=families)
     app.add_middleware(DrainGate, state=app.state)
     app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins, families=families)

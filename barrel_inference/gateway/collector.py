@@ -59,11 +59,12 @@ class RequestStream:
             self.t_last_token = now
         self._opened.set()  # output implies acceptance (a worker that sent none)
         if self._pending is None:
-            self._pending = Delta(id=delta.id, parts=[], tokens=list(delta.tokens), n_tokens=delta.n_tokens)
+            self._pending = Delta(id=delta.id, parts=[], tokens=list(delta.tokens), n_tokens=delta.n_tokens, logprobs=list(delta.logprobs))
             merge_parts(self._pending.parts, delta.parts)
         else:
             merge_parts(self._pending.parts, delta.parts)
             self._pending.tokens.extend(delta.tokens)
+            self._pending.logprobs.extend(delta.logprobs)
             self._pending.n_tokens += delta.n_tokens
         self._wake.set()
 

@@ -31,12 +31,14 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TOO_LARGE: 413,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.QUEUE_TIMEOUT: 504,
     ErrorCode.DECODE_FAILED: 500,
     ErrorCode.TOOL_CALL_INVALID: 500,  # the model wrote a call that does not parse or validate
+    ErrorCode.OUTPUT_INVALID: 500,  # finished structured output that fails its schema
     ErrorCode.INTERNAL: 500,
 }
 RETRY_AFTER_S = 1  # sent with every overload / unavailable / queue-timeout answer

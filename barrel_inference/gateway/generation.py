@@ -11,12 +11,13 @@ figures and writes its one log line.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..protocol import Accepted, Delta, Done, ErrorCode, FinishReason, Submit, TextPart, Usage, merge_parts
 from .collector import RequestStream
 from .errors import GatewayError
+from .structured import checked_done
 
 Event = Delta | Done
 
@@ -28,6 +29,7 @@ class Result:
     parts: list
     tokens: list[int]
     done: Done
+    logprobs: list = field(default_factory=list)  # TokenLogprob per sampled token (when asked for)
 
     @property
     def text(self) -> str:
@@ -53,6 +55,7 @@ class Generation:
         self.stream: RequestStream | None = None
         self.error: GatewayError | None = None
         self.accepted: Accepted = Accepted(submit.id, prompt_tokens=0)
+        self.hello: Any = None  # the serving worker's Hello, once submitted
         self._t0 = time.monotonic()
         self._closed = False
         self._counted_active = False
@@ -85,6 +88,7 @@ class Generation:
             self.queue_ms = (time.monotonic() - t0) * 1000
             if not handle.alive:  # the worker went while this request waited: its successor serves it
                 handle = await self.state.models.get(self.requested_model)
+        self.hello = handle.hello
         self.stream = handle.submit(self.submit)
         if self.slot is not None:
             self.stream.add_done_callback(self.slot.release)
@@ -100,20 +104,31 @@ class Generation:
                 self.state.metrics.tool_replay.labels(self.model, result).inc(n)
 
     async def events(self) -> AsyncIterator[Event]:
+        """The worker's events; with a JSON schema, a finished text that does not validate ends as an
+        output_invalid error instead of its Done."""
         assert self.stream is not None
+        schema = self.submit.json_schema
+        text: list[str] = []
         async for event in self.stream:
+            if schema is not None:
+                if isinstance(event, Delta):
+                    text.append(event.text)
+                else:
+                    event = await checked_done(event, "".join(text), schema)
             yield event
 
     async def collect(self) -> Result:
         """Read to the end: the parts in order, the tokens, the Done."""
         parts: list = []
         tokens: list[int] = []
+        logprobs: list = []
         async for event in self.events():
             if isinstance(event, Delta):
                 merge_parts(parts, event.parts)
                 tokens.extend(event.tokens)
+                logprobs.extend(event.logprobs)
             else:
-                return Result(parts, tokens, event)
+                return Result(parts, tokens, event, logprobs)
         raise GatewayError(ErrorCode.INTERNAL, "the request ended without a done")
 
     # ---- end ------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from ..protocol import Accepted, Delta, Done, ErrorCode, ErrorInfo, FinishReason
 from .errors import GatewayError
 from .family import Family
 from .generation import Generation, Result, record_rejected
+from .structured import receipt_header
 from .http import ClientDisconnected, EventStreamResponse, JSONBody, client_request_id, new_id, until_disconnect
 from .sessions import CACHE_MISS_HEADER, prepare
 
@@ -66,6 +67,7 @@ class Context:
     created: int  # unix seconds
     accepted: Accepted
     resolved_model: str = ""  # the registry name
+    hello: Any = None  # the serving worker's Hello (model, engine build and profile)
 
 
 class Adapter:
@@ -166,9 +168,10 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         return family.error(exc, headers=headers)
     except ClientDisconnected:
         return Response(status_code=499)
+    headers.update(receipt_header(gen.accepted.schema_receipt))
     if gen.accepted.cache_miss:  # known before any output: streamed responses carry it too
         headers[CACHE_MISS_HEADER] = gen.accepted.cache_miss
-    ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model)
+    ctx = Context(id=rid, model=model, created=created, accepted=gen.accepted, resolved_model=gen.model, hello=gen.hello)
     if stream:
         body = _stream_body(gen, adapter.encoder(req, ctx))
         return EventStreamResponse(body, on_close=gen.close, media_type=adapter.media_type, headers=headers)

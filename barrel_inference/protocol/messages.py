@@ -12,7 +12,8 @@ Rules for changing the link:
 Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per helper call,
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
 tool_call_invalid, forbidden / unsupported_media_type (gateway-side), Submit's tool_choice / parallel_tool_calls /
-template_kwargs / thinking_budget.
+template_kwargs / thinking_budget, Accepted.cache / cache_miss; 3 error codes output_invalid and invalid_api_key,
+Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -51,8 +52,11 @@ __all__ = [
     "ToolCallArgs",
     "ToolCallEnd",
     "Part",
+    "SchemaReceipt",
     "Accepted",
     "EngineInfo",
+    "TopLogprob",
+    "TokenLogprob",
     "Delta",
     "Usage",
     "Timings",
@@ -89,6 +93,8 @@ class ErrorCode(str, enum.Enum):
     DECODE_FAILED = "decode_failed"  # llama_decode failed; the context was recreated
     UNSUPPORTED = "unsupported"
     TOOL_CALL_INVALID = "tool_call_invalid"  # the model wrote a tool call that does not parse or fails its schema
+    UNAUTHENTICATED = "invalid_api_key"  # a protected route without a key this server knows for it
+    OUTPUT_INVALID = "output_invalid"  # finished structured output that does not validate against its schema
     NOT_FOUND = "not_found"  # no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"  # the body is over max_request_body_bytes
@@ -185,6 +191,9 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     max_tokens: int | None = None  # None: until EOS or the context is full
     grammar: str | None = None  # GBNF
     json_schema: dict | None = None  # constrain output to JSON matching this schema ({} = any JSON object)
+    json_schema_strict: bool = False
+    suffix: str | None = None  # with prompt: fill in the middle between prompt and suffix (models with FIM tokens)
+    logprobs: int | None = None  # None: none; k (0..20): each sampled token's log-probability and the k most likely  # refuse a schema keyword the grammar cannot enforce (instead of checking it after)
     session: str | None = None
     ignore_eos: bool = False
     want_tokens: bool = False  # carry token ids in deltas
@@ -351,6 +360,15 @@ def merge_parts(into: list, parts: list) -> None:
             into.append(part)
 
 
+class SchemaReceipt(msgspec.Struct, omit_defaults=True):
+    """What a JSON-schema constraint does with the schema's keywords: enforced by the grammar, checked
+    against the finished text, or neither."""
+
+    enforced: list[str] = []
+    checked: list[str] = []
+    unenforced: list[str] = []
+
+
 class Accepted(msgspec.Struct, omit_defaults=True):
     """The prompt is tokenised and the request holds a sequence: sent before any output."""
 
@@ -361,6 +379,23 @@ class Accepted(msgspec.Struct, omit_defaults=True):
     tool_replay: dict[str, int] = {}  # replay-map lookups for the history's tool calls: hit / miss / no_format -> count
     cache: str = ""  # how the cached prefix was found (CacheInfo.kind)
     cache_miss: str = ""  # why a known session reused less than its last turn committed (CacheInfo.miss)
+    schema_receipt: SchemaReceipt | None = None  # set when the request has a json_schema
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token: int
+    logprob: float
+    piece: bytes  # the token's bytes
+
+
+class TokenLogprob(msgspec.Struct, omit_defaults=True):
+    """A sampled token's log-probability under the sampler's distribution (after logit bias), and the
+    most likely alternatives at that step."""
+
+    token: int
+    logprob: float
+    piece: bytes = b""  # the token's bytes
+    top: list[TopLogprob] = []
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
@@ -370,6 +405,7 @@ class Delta(msgspec.Struct, omit_defaults=True):
     parts: list[Part] = []
     tokens: list[int] = []
     n_tokens: int = 0  # tokens generated this tick (parts may lag behind tokens)
+    logprobs: list[TokenLogprob] = []  # one per sampled token (Submit.logprobs set), in order
 
     @property
     def text(self) -> str:

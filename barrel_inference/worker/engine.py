@@ -15,7 +15,7 @@ import threading
 import llama_cpp as L
 import numpy as np
 
-from ..protocol import Sampling
+from ..protocol import Sampling, TokenLogprob, TopLogprob
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -211,6 +211,8 @@ class LlamaEngine:
         tmpl = L.llama_model_chat_template(self.model, None)
         self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self._piece_cache: dict[int, bytes] = {}
+        self._never_utf8: list[int] | None = None
+        self._never_utf8_lock = threading.Lock()
         self._eog = [False] * self.n_vocab
         self.control_tokens: dict[str, int] = {}  # control tokens by text: recognised in template text only
         longest = 1
@@ -505,6 +507,42 @@ class LlamaEngine:
         except Exception as exc:  # the converter raises plain exceptions on unsupported schemas
             raise EngineError("grammar_error", f"response_format JSON schema cannot be enforced: {exc}") from exc
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, or None when the vocabulary lacks one."""
+        ids = (L.llama_vocab_fim_pre(self.vocab), L.llama_vocab_fim_suf(self.vocab), L.llama_vocab_fim_mid(self.vocab))
+        return ids if all(0 <= t < self.n_vocab for t in ids) else None
+
+    def token_logprob(self, idx: int, token: int, k: int, bias: dict[int, float] | None = None) -> TokenLogprob:
+        """`token`'s log-probability at batch row idx under the logits after the logit bias, and the k
+        most likely tokens there (k <= 20)."""
+        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,)), np.float32)
+        for t, b in (bias or {}).items():
+            if 0 <= t < self.n_vocab:
+                logits[t] += b
+        m = float(logits.max())
+        logz = m + float(np.log(np.exp(logits - m).sum(dtype=np.float64)))
+        top: list[TopLogprob] = []
+        if k > 0:
+            best = np.argpartition(-logits, k)[:k] if k < self.n_vocab else np.arange(self.n_vocab)
+            best = best[np.lexsort((best, -logits[best]))]
+            top = [TopLogprob(int(t), float(logits[t] - logz), self.piece(int(t))) for t in best]
+        return TokenLogprob(token, float(logits[token] - logz), self.piece(token), top)
+
+    def never_utf8_tokens(self) -> list[int]:
+        """Tokens holding a byte no UTF-8 text contains (C0, C1, F5..FF). llama.cpp's grammar decodes
+        such bytes as code points anyway, so under a grammar they are banned. Computed once."""
+        with self._never_utf8_lock:
+            if self._never_utf8 is None:
+                bad = re.compile(b"[\xc0\xc1\xf5-\xff]")
+                buf = ctypes.create_string_buffer(256)
+                out = []
+                for t in range(self.n_vocab):
+                    n = L.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
+                    if n > 0 and bad.search(buf.raw[:n]):
+                        out.append(t)
+                self._never_utf8 = out
+            return self._never_utf8
+
     def make_sampler(self, s: Sampling, grammar: str | None = None) -> Sampler:
         plain = grammar is None and s.repeat_penalty == 1.0 and not s.presence_penalty and not s.frequency_penalty
         if s.temperature <= 0 and plain:
@@ -514,8 +552,10 @@ class LlamaEngine:
         sampler = Sampler(None)
         try:
             pre = self._chain()
-            if s.logit_bias:
-                items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
+            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
+            if grammar is not None:  # no byte that is never valid UTF-8 (the grammar reads code points)
+                items += [(t, float("-inf")) for t in self.never_utf8_tokens()]
+            if items:
                 arr = (L.llama_logit_bias * len(items))()
                 for i, (t, bias) in enumerate(items):
                     arr[i].token = t

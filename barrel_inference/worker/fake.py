@@ -98,6 +98,11 @@ class FakeEngine:
             raise EngineError("internal", f"batch row {idx} has no logits")
         return self._rows[idx]
 
+    def token_logprob(self, idx: int, token: int, k: int, bias=None):
+        from ..protocol import TokenLogprob, TopLogprob
+
+        return TokenLogprob(token, -0.5, self.piece(token), [TopLogprob(token, -0.5, self.piece(token))][:k])
+
     def accept(self, sampler: FakeSampler, token: int) -> None:
         pass
 

@@ -12,9 +12,10 @@ import re
 
 import msgspec
 
-from ..protocol import ErrorCode, Submit
-from .engine_api import Engine, EngineError
+from ..protocol import ErrorCode, SchemaReceipt, Submit
+from .engine_api import Engine
 from .grammar import GrammarLimits, GrammarRefused, check_gbnf, check_schema
+from .schema_gbnf import convert
 from .segments import Markers, align, tokenize_segments
 from .templates import ChatTemplate, TemplateError
 
@@ -58,14 +59,16 @@ class PromptBuilder:
         return self.engine.tokenize(text, add_special=self._add_bos(text), parse_special=True)
 
     def tokenize_messages(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None,
-                          replayed: dict | None = None) -> list[int]:
-        """The chat prompt with control tokens recognised in the template's text only.
+                          replayed: dict | None = None, bounded: bool = True) -> list[int]:  # fmt: skip
+        """The chat prompt with control tokens recognised in the template's text only. bounded=False (a
+        count, off the scheduler thread): a prompt longer than the context is counted, not refused.
 
         `replayed`: message index -> (raw, tokens) of a tool-call span the model itself wrote (the
         replay map's exact bytes, which end that message's content): the span goes in as the model's
         own tokens, so the earlier turn's KV cache is reused, and its markers stay control tokens."""
         plain = self.render(messages, tools, add_generation_prompt, extra)
-        self.check_chars(len(plain), "messages")
+        if bounded:
+            self.check_chars(len(plain), "messages")
         special = getattr(self.engine, "control_tokens", None)
         if self.content_special or special is None:
             toks = self.spliced(plain, messages, tools, add_generation_prompt, extra, replayed) if replayed else None
@@ -143,6 +146,14 @@ class PromptBuilder:
                     toks = self.tokenize_messages(plan.messages, plan.tools, msg.add_generation_prompt, plan.template_kwargs)
             else:
                 toks = self.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)
+        elif msg.prompt is not None and msg.suffix is not None:
+            self.check_chars(len(msg.prompt) + len(msg.suffix), "prompt")
+            fim = getattr(self.engine, "fim_tokens", lambda: None)()
+            if fim is None:
+                raise PromptError(ErrorCode.INVALID_REQUEST, f"suffix needs a model with fill-in-the-middle tokens; {self.model} has none", "suffix")
+            pre, suf, mid = fim
+            body = lambda t: self.engine.tokenize(t, add_special=False, parse_special=False)  # noqa: E731
+            toks = ([self.engine.bos] if self.engine.add_bos and self.engine.bos >= 0 else []) + [pre] + body(msg.prompt) + [suf] + body(msg.suffix) + [mid]
         elif msg.prompt is not None:
             self.check_chars(len(msg.prompt), "prompt")
             toks = self.engine.tokenize(msg.prompt, add_special=True, parse_special=True)
@@ -217,20 +228,20 @@ class PromptBuilder:
         return text
 
     def grammar(self, msg: Submit) -> str | None:
+        return self.constraint(msg)[0]
+
+    def constraint(self, msg: Submit) -> tuple[str | None, SchemaReceipt | None]:
+        """The request's grammar, and for a JSON schema the receipt of what the grammar enforces."""
         try:
             if msg.grammar is not None:
                 check_gbnf(msg.grammar, self.grammar_limits, "grammar")
-                return msg.grammar
+                return msg.grammar, None
             if msg.json_schema is not None:
                 check_schema(msg.json_schema, self.grammar_limits, "response_format")
-                try:
-                    text = self.engine.grammar_from_schema(msg.json_schema)
-                except EngineError as exc:
-                    raise PromptError(ErrorCode.GRAMMAR, str(exc), "response_format") from exc
-                except RecursionError as exc:
-                    raise PromptError(ErrorCode.GRAMMAR, "response_format JSON schema is nested too deeply to enforce", "response_format") from exc
-                check_gbnf(text, self.grammar_limits, "response_format")
-                return text
+                conv = convert(msg.json_schema, strict=msg.json_schema_strict, limits=self.grammar_limits)
+                check_gbnf(conv.grammar, self.grammar_limits, "response_format")
+                receipt = SchemaReceipt(sorted(conv.enforced), sorted(conv.checked), sorted(conv.unenforced))
+                return conv.grammar, receipt
         except GrammarRefused as exc:
             raise PromptError(ErrorCode.GRAMMAR, str(exc), exc.param) from exc
-        return None
+        return None, None

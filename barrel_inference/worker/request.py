@@ -23,6 +23,7 @@ class Request:
         "id", "peer", "prompt", "sampling", "grammar", "max_tokens", "session", "ignore_eos", "want_tokens",
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
         "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
+        "schema_receipt", "logprobs", "pending_logprobs",
         "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on",
     )  # fmt: skip
 
@@ -33,6 +34,9 @@ class Request:
         self.prompt = prompt
         self.sampling = sampling
         self.grammar = grammar
+        self.schema_receipt = None
+        self.logprobs: int | None = None  # top alternatives per sampled token; None: no log-probabilities
+        self.pending_logprobs: list = []
         self.max_tokens = max_tokens
         self.session = session
         self.ignore_eos = ignore_eos
@@ -73,12 +77,14 @@ class Request:
 
     def accepted(self, n_ctx: int) -> Accepted:
         return Accepted(self.id, prompt_tokens=len(self.prompt), cached_tokens=self.n_cached, n_ctx=n_ctx,
-                        tool_replay=self.tool_replay, cache=self.cache_kind, cache_miss=self.cache_miss)  # fmt: skip
+                        tool_replay=self.tool_replay, schema_receipt=self.schema_receipt, cache=self.cache_kind,
+                        cache_miss=self.cache_miss)  # fmt: skip
 
     def take_delta(self) -> Delta | None:
         if not self.pending_parts and not self.pending_n:
             return None
-        d = Delta(self.id, self.pending_parts, self.pending_tokens if self.want_tokens else [], self.pending_n)
+        d = Delta(self.id, self.pending_parts, self.pending_tokens if self.want_tokens else [], self.pending_n, self.pending_logprobs)
+        self.pending_logprobs = []
         self.pending_parts = []
         self.pending_tokens = []
         self.pending_n = 0

@@ -241,6 +241,8 @@ class Scheduler:
                     self.engine.accept(r.sampler, tok)
                 else:
                     tok = self.engine.sample(r.sampler, r.row)
+                    if r.logprobs is not None and not self.engine.is_eog(tok):
+                        r.pending_logprobs.append(self.engine.token_logprob(r.row, tok, r.logprobs, r.sampling.logit_bias))
                 sampled.append((r, tok))
         t3 = time.perf_counter()
         for r, tok in sampled:

@@ -3,7 +3,7 @@
 The scheduler thread owns the ROUTER: before each tick it reads what arrived (without blocking
 while there is work, blocking briefly when idle), and it sends each tick's output itself. One
 thread, no hand-over between threads and no GIL ping-pong on the token path. Calls (tokenize,
-render, stats) are answered between ticks. Embeddings run on a thread of their own (the engine
+stats) are answered between ticks. Embeddings run on a thread of their own (the engine
 gives them their own context): the scheduler thread only hands an Embed over and, later, forwards
 its reply, so embedding never holds up a tick. The main thread only waits for a stop signal.
 
@@ -42,6 +42,7 @@ from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
 from .toolhook import PlanError
 
+MAX_TOP_LOGPROBS = 20
 IDLE_POLL_MS = 200
 
 
@@ -305,6 +306,8 @@ class WorkerServer:
     def _submit(self, peer: bytes, msg: Submit):
         if msg.max_tokens is not None and msg.max_tokens < 1:
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens")])
+        if msg.logprobs is not None and not 0 <= msg.logprobs <= MAX_TOP_LOGPROBS:
+            return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")])
         if not self._begin(msg.id, peer):
             return Tick(done=[error_done(msg.id, ErrorCode.INVALID_REQUEST, f"request id {msg.id!r} is already in flight", "id")])
         self._prep.submit(self._prepare, peer, msg)
@@ -319,7 +322,7 @@ class WorkerServer:
                 self.prompts.check_tools(msg.tools)
                 plan = self.tools.plan(msg)
             tokens = self.prompts.tokens(msg, plan)
-            grammar = self.prompts.grammar(msg)
+            grammar, receipt = self.prompts.constraint(msg)
             if plan is not None and plan.grammar is not None:
                 if grammar is not None:
                     raise PromptError(ErrorCode.INVALID_REQUEST, "a forced tool call cannot be combined with response_format", "tool_choice")
@@ -329,6 +332,8 @@ class WorkerServer:
                 session=msg.session, stop=msg.stop, ignore_eos=msg.ignore_eos, want_tokens=msg.want_tokens,
                 piece=self.engine.piece,
             )  # fmt: skip
+            req.schema_receipt = receipt
+            req.logprobs = msg.logprobs
             if plan is not None:
                 req.hook = plan.hook(tokens)
                 req.tool_replay = plan.replay
@@ -404,7 +409,7 @@ class WorkerServer:
                 return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt))
             if isinstance(msg, CountTokens):
                 if msg.messages is not None:
-                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt)))
+                    return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt, bounded=False)))
                 return CountResult(id=msg.id, count=len(e.tokenize(msg.text or "", msg.add_special, msg.parse_special)))
             if isinstance(msg, GetStats):
                 stats = {"model": self.model, "pid": os.getpid(), **self._engine_stats(), **self.scheduler.stats()}

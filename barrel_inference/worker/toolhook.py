@@ -25,6 +25,8 @@ from ..toolcalls.grammar import forces_call, generic_grammar, literal, only, spa
 from ..toolcalls.reasoning import detect_thinking
 from ..toolcalls.schema import ToolSchemaError, ToolValidator
 from .engine_api import EngineError
+from .grammar import GrammarRefused
+from .schema_gbnf import convert
 
 # template variables a request may not set through its template kwargs
 _RESERVED = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
@@ -97,7 +99,11 @@ class ModelTools:
         return f"<[{tok}]>" if tok is not None else literal(text)
 
     def _to_gbnf(self, schema: dict) -> str:
-        return self.engine.grammar_from_schema(schema)
+        """The same converter as structured output: what it does not enforce, the call's schema check catches."""
+        try:
+            return convert(schema, param="tools").grammar
+        except GrammarRefused as exc:
+            raise EngineError("grammar_error", str(exc)) from exc
 
     # ---- per request --------------------------------------------------------------------
     def plan(self, msg: Submit) -> Plan:

@@ -7,7 +7,8 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   STALL    -> output stops there until the request is aborted
   CRASH    -> the worker dies after the words before it (a child process exits with code 3)
   THINK:x  -> a ThinkingPart "x" instead of text
-  CALL:name:{json} -> a tool call (start, argument text, end) with id "fc<n>"; the turn then ends as tool_calls
+  CALL:name:{json} -> a tool call (start, argument text in two pieces, end) with id "fc<n>"; the turn then
+                      ends as tool_calls
   HALFCALL:name:{json} -> a tool call that starts and never ends (cut by max_tokens on the next word)
   SLOW     -> a pause of `slow_s` before the next word (a long prefill)
   FAIL     -> the request ends with a decode_failed error after the words before it
@@ -15,8 +16,8 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
-Every request is first answered with Accepted (prompt tokens = words of the messages, cached 2);
-CountTokens of messages counts the same way.
+Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
+cached 2); CountTokens of messages counts the same way.
 An Embed with an input containing STALL is never answered.
 """
 
@@ -158,8 +159,8 @@ class FakeWorker:
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, CountTokens):
-            words = sum(len(m.content.split()) for m in msg.messages) if msg.messages is not None else len((msg.text or "").split())
-            return CountResult(id=msg.id, count=words)
+            return CountResult(id=msg.id, count=prompt_size(msg.messages or [], msg.tools) if msg.messages is not None
+                               else len((msg.text or "").split()))  # fmt: skip
         if isinstance(msg, Tokenize):
             return TokenizeResult(id=msg.id, tokens=[self.token_of(w) for w in (msg.text or "").split()])
         if isinstance(msg, Detokenize):
@@ -184,7 +185,7 @@ class FakeWorker:
 
     async def _generate(self, peer: bytes, s: Submit) -> None:
         words = script_of(s, self.words)
-        prompt_tokens = sum(len(m.content.split()) for m in s.messages) if s.messages else len(words)
+        prompt_tokens = prompt_size(s.messages, s.tools) if s.messages else len(words)
         usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=min(self.cached_tokens, prompt_tokens))
         try:
             if "TOOLONG" in words:
@@ -224,14 +225,9 @@ class FakeWorker:
                     return
                 await asyncio.sleep(self.tick_s)
                 n += 1
-                if word.startswith("CALL:"):
-                    _, name, args = word.split(":", 2)
-                    raw = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
-                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args), ToolCallEnd(n_calls, args, raw)]
-                    n_calls += 1
-                elif word.startswith("HALFCALL:"):
-                    _, name, args = word.split(":", 2)
-                    parts = [ToolCallStart(n_calls, f"fc{n_calls}", name), ToolCallArgs(n_calls, args)]
+                if word.startswith(("CALL:", "HALFCALL:")):
+                    parts = _call_parts(word, n_calls)
+                    n_calls += word.startswith("CALL:")
                 else:
                     parts = [_part(word, n)]
                 tokens = [self.token_of(word)] if s.want_tokens else []
@@ -241,6 +237,20 @@ class FakeWorker:
             await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
+
+
+def prompt_size(messages, tools) -> int:
+    return sum(len(m.content.split()) for m in messages) + len(tools or [])
+
+
+def _call_parts(word: str, index: int) -> list:
+    kind, name, arguments = word.split(":", 2)
+    half = len(arguments) // 2
+    parts = [ToolCallStart(index=index, id=f"fc{index}", name=name),
+             ToolCallArgs(index=index, text=arguments[:half]), ToolCallArgs(index=index, text=arguments[half:])]  # fmt: skip
+    if kind == "CALL":
+        parts.append(ToolCallEnd(index=index, arguments=arguments, raw=f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'))
+    return parts
 
 
 def _part(word: str, n: int):

@@ -27,7 +27,8 @@ STATUS = [
     (ErrorCode.OVERLOADED, 503), (ErrorCode.WORKER_UNAVAILABLE, 503), (ErrorCode.DECODE_FAILED, 500),
     (ErrorCode.INTERNAL, 500), (ErrorCode.NOT_FOUND, 404), (ErrorCode.METHOD_NOT_ALLOWED, 405),
     (ErrorCode.REQUEST_TOO_LARGE, 413), (ErrorCode.QUEUE_TIMEOUT, 504), (ErrorCode.TOOL_CALL_INVALID, 500),
-    (ErrorCode.FORBIDDEN, 403), (ErrorCode.UNSUPPORTED_MEDIA_TYPE, 415),
+    (ErrorCode.FORBIDDEN, 403), (ErrorCode.OUTPUT_INVALID, 500), (ErrorCode.UNAUTHENTICATED, 401),
+    (ErrorCode.UNSUPPORTED_MEDIA_TYPE, 415),
 ]  # fmt: skip
 
 

@@ -141,10 +141,10 @@ async def test_refusals_name_what_is_refused(sdk, kwargs, param):
 
 async def test_text_format_json_schema_reaches_the_worker(sdk, gateway):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    await sdk.responses.create(model=MODEL, input="x", text={"format": {"type": "json_schema", "name": "t", "schema": schema, "strict": True}},
+    await sdk.responses.create(model=MODEL, input='{"a": 1}', text={"format": {"type": "json_schema", "name": "t", "schema": schema, "strict": True}},
                                reasoning={"effort": "low"})  # fmt: skip
     sent = gateway_worker_submit(gateway)
-    assert sent.json_schema == schema and sent.template_kwargs == {"reasoning_effort": "low"}
+    assert sent.json_schema == schema and sent.json_schema_strict and sent.template_kwargs == {"reasoning_effort": "low"}
 
 
 async def test_store_survives_a_new_gateway(make_gateway, fake_worker, tmp_path):

@@ -45,7 +45,7 @@ async def test_plain_chat(gateway, fake_worker):
 
 async def test_chat_parameters_reach_the_worker(gateway, fake_worker):
     r = await gateway.client.post("/v1/chat/completions", json=chat_body(
-        "a b c", max_completion_tokens=7, max_tokens=99, temperature=0.0, top_p=0.5, top_k=7, min_p=0.1, seed=42,
+        '{"a": 1}', max_completion_tokens=7, max_tokens=99, temperature=0.0, top_p=0.5, top_k=7, min_p=0.1, seed=42,
         presence_penalty=0.5, frequency_penalty=-0.5, repeat_penalty=1.1, stop="END", logit_bias={"13": -100},
         response_format={"type": "json_object"},
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
@@ -57,7 +57,7 @@ async def test_chat_parameters_reach_the_worker(gateway, fake_worker):
     assert (s.sampling.presence_penalty, s.sampling.frequency_penalty, s.sampling.repeat_penalty) == (0.5, -0.5, 1.1)
     assert s.sampling.logit_bias == {13: -100.0}
     assert s.stop == ["END"]
-    assert s.json_schema == {}
+    assert s.json_schema == {} and not s.json_schema_strict
     assert s.tools[0]["function"]["name"] == "f"
 
 
@@ -140,7 +140,7 @@ BAD_REQUESTS = [
     (chat_body(top_p=2), "top_p", "invalid_request"),
     (chat_body(stop=[""]), "stop", "invalid_request"),
     (chat_body(logit_bias={"abc": 1}), "logit_bias", "invalid_request"),
-    (chat_body(logprobs=True), "logprobs", "unsupported"),
+    (chat_body(logprobs=True, top_logprobs=21), "top_logprobs", "invalid_request"),
     ({"model": MODEL, "messages": []}, "messages", "invalid_request"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "invalid_request"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}]},
@@ -164,8 +164,8 @@ async def test_bad_chat_requests_are_400_naming_the_field(gateway, fake_worker, 
 
 
 BAD_COMPLETIONS = [
-    ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
-    ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
+    ({"model": MODEL, "prompt": [1, 2], "echo": True}, "echo"),
+    ({"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
     ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
     ({"model": MODEL, "prompt": []}, "prompt"),
     ({"model": MODEL, "prompt": [1, "a"]}, "prompt"),

@@ -7,8 +7,8 @@ from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, ChatMessage, Connect, CountResult, CountTokens, Delta, Detokenize,
     DetokenizeResult, Done, Embed, EmbedResult, EndSession, ErrorCode, ErrorInfo, FinishReason, GatewayCodec, GetStats,
     Hello, HelperCall, HelperReply, Ping, Pong, Render, RenderResult, Sampling, StatsResult, Submit, TextPart,
-    ThinkingPart, Tick, Timings, Tokenize, TokenizeResult, ToolCall, ToolCallArgs, ToolCallEnd, ToolCallStart, Usage,
-    WorkerCodec, merge_parts,
+    SchemaReceipt, ThinkingPart, Tick, Timings, TokenLogprob, Tokenize, TokenizeResult, ToolCall, ToolCallArgs, ToolCallEnd,
+    ToolCallStart, TopLogprob, Usage, WorkerCodec, merge_parts,
 )  # fmt: skip
 
 TO_WORKER = [
@@ -26,6 +26,7 @@ TO_WORKER = [
     Submit("r3", messages=[ChatMessage("user", "hi")], tools=[{"type": "function", "function": {"name": "f"}}],
            tool_choice={"type": "function", "function": {"name": "f"}}, parallel_tool_calls=False,
            template_kwargs={"enable_thinking": False, "reasoning_effort": "low"}, thinking_budget=64),  # fmt: skip
+    Submit("r3b", prompt="def f(", suffix="return 1", logprobs=5, json_schema={"type": "integer"}, json_schema_strict=True),
     Abort(["r1", "r2"]),
     EndSession("s1"),
     Tokenize("c1", "hello", add_special=False),
@@ -55,8 +56,11 @@ FROM_WORKER = [
     StatsResult(id="c5", stats={"running": 1}),
     EmbedResult(id="c6", embeddings=[[0.6, 0.8]], count=4),
     Tick(done=[Done("r3", FinishReason.TOOL_CALLS)]),
-    Tick(accepted=[Accepted("r4", prompt_tokens=9, tool_replay={"hit": 1, "miss": 1})],
-         done=[Done("r4", FinishReason.ERROR, error=ErrorInfo(ErrorCode.TOOL_CALL_INVALID, "not a declared tool"))]),  # fmt: skip
+    Tick(accepted=[Accepted("r5", prompt_tokens=9, tool_replay={"hit": 1, "miss": 1})],
+         done=[Done("r5", FinishReason.ERROR, error=ErrorInfo(ErrorCode.TOOL_CALL_INVALID, "not a declared tool"))]),  # fmt: skip
+    Tick(accepted=[Accepted("r4", 3, schema_receipt=SchemaReceipt(["type", "minimum"], ["pattern"], ["format:x"]))],
+         deltas=[Delta("r4", [TextPart("é")], n_tokens=1, logprobs=[TokenLogprob(7, -0.25, b"\xc3\xa9", [TopLogprob(7, -0.25, b"\xc3\xa9")])])],
+         done=[Done("r4", FinishReason.ERROR, error=ErrorInfo(ErrorCode.OUTPUT_INVALID, "invalid"))]),
     Pong(3, running=1, waiting=2),
 ]
 

@@ -42,7 +42,3 @@ def _routes() -> list:
 
 FAMILY = AnthropicFamily("anthropic", PREFIXES, render_error=render_error, routes=_routes, status_overrides=STATUS_OVERRIDES)
 
-
-def authentication_error(request_id: str) -> Response:
-    info = ErrorInfo(ErrorCode.INVALID_REQUEST, "invalid x-api-key: the key is not in this server's anthropic_api_keys")
-    return FAMILY.error_response(info, status=401, headers={"request-id": request_id})

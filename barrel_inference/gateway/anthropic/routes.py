@@ -2,7 +2,7 @@
 /v1/models[/{id}] in the Anthropic shape when the request carries `anthropic-version` (without that
 header the OpenAI family answers /v1/models as before).
 
-Every route checks the `anthropic_api_keys` allowlist first (401 authentication_error).
+API keys (api_keys, anthropic_api_keys) are checked in front of every family (gateway/auth.py): 401 authentication_error.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from ..errors import GatewayError, invalid
 from ..generation import Result, record_rejected
 from ..http import JSONBody, client_request_id, new_id
 from ..lifecycle import Adapter, Context, read_body, serve
-from .auth import key_allowed, presented_key
 from .blocks import ContentAssembler, message_json, stop_reason_of, usage_json
 from .convert import prompt_of, to_submit
-from .definition import FAMILY, authentication_error
+from .definition import FAMILY
 from .models import list_of, model_info, page
 from .stream import MessageStreamEncoder
 from .wire import CountTokensRequest, MessagesRequest, WireError, decode
@@ -89,21 +88,11 @@ class _Encoder:
 MESSAGES = MessagesAdapter()
 
 
-def _auth(request: Request) -> Response | None:
-    keys = getattr(request.app.state.settings, "anthropic_api_keys", None) or []
-    if key_allowed(presented_key(request.headers), keys):
-        return None
-    rid = client_request_id(request) or new_id("req_")
-    return authentication_error(rid)
-
-
 async def messages(request: Request) -> Response:
-    return _auth(request) or await serve(request, MESSAGES)
+    return await serve(request, MESSAGES)  # keys: gateway/auth.py, in front of every family
 
 
 async def count_tokens(request: Request) -> Response:
-    if (denied := _auth(request)) is not None:
-        return denied
     state = request.app.state
     rid = new_id(ID_PREFIX)
     request_id = client_request_id(request) or rid
@@ -142,8 +131,6 @@ def _aliases(request: Request) -> dict[str, str]:
 
 
 async def list_models(request: Request) -> Response:
-    if (denied := _auth(request)) is not None:
-        return denied
     try:
         items = list_of(request.app.state.registry.list(), _aliases(request))
         q = request.query_params
@@ -153,8 +140,6 @@ async def list_models(request: Request) -> Response:
 
 
 async def get_model(request: Request) -> Response:
-    if (denied := _auth(request)) is not None:
-        return denied
     name = request.path_params["model_id"]
     try:
         record = await request.app.state.models.resolve(name)

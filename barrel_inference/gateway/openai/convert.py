@@ -58,10 +58,16 @@ def sampling_of(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
     return s
 
 
+MAX_STOP = 16
+MAX_TOP_LOGPROBS = 20
+
+
 def stop_of(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     items = [stop] if isinstance(stop, str) else list(stop)
+    if len(items) > MAX_STOP:
+        raise invalid(f"stop may hold at most {MAX_STOP} sequences, got {len(items)}", "stop")
     if any(s == "" for s in items):
         raise invalid("stop sequences must not be empty", "stop")
     return items
@@ -153,10 +159,21 @@ def _schema_of(req: ChatCompletionRequest) -> dict | None:
     return rf.json_schema.schema
 
 
+def _strict_of(req: ChatCompletionRequest) -> bool:
+    rf = req.response_format
+    return bool(rf is not None and rf.type == "json_schema" and rf.json_schema is not None and rf.json_schema.strict)
+
+
 def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
     _common_checks(req)
+    logprobs = None
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
     if req.logprobs:
-        raise unsupported("logprobs are not supported by this server", "logprobs")
+        logprobs = req.top_logprobs or 0
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return Submit(
         id=request_id,
@@ -170,25 +187,39 @@ def chat_to_submit(req: ChatCompletionRequest, request_id: str) -> Submit:
         stop=stop_of(req.stop),
         max_tokens=max_tokens,
         json_schema=_schema_of(req),
+        json_schema_strict=_strict_of(req),
+        logprobs=logprobs,
     )
 
 
 def completion_to_submit(req: CompletionRequest, request_id: str) -> Submit:
     _common_checks(req)
-    if req.echo:
-        raise unsupported("echo is not supported by this server", "echo")
-    if req.suffix:
-        raise unsupported("suffix (insertion) is not supported by this server", "suffix")
     if req.best_of is not None and req.best_of != 1:
-        raise unsupported("only best_of=1 is supported", "best_of")
-    if req.logprobs:
-        raise unsupported("logprobs are not supported by this server", "logprobs")
+        raise invalid(f"only best_of=1 is supported, got best_of={req.best_of}", "best_of")
+    if req.echo:
+        echo_text(req)
+        if req.logprobs is not None:
+            raise invalid("echo with logprobs (log-probabilities of the prompt) is not supported", "echo")
+        if req.suffix is not None:
+            raise invalid("echo cannot be combined with suffix", "echo")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise invalid(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "logprobs")
     prompt, prompt_tokens = _prompt_of(req.prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     return Submit(
         id=request_id, prompt=prompt, prompt_tokens=prompt_tokens, sampling=sampling_of(req),
-        stop=stop_of(req.stop), max_tokens=max_tokens,
+        stop=stop_of(req.stop), max_tokens=max_tokens, logprobs=req.logprobs, suffix=req.suffix,
     )  # fmt: skip
+
+
+def echo_text(req: CompletionRequest) -> str:
+    """The prompt as text, for echo (a text prompt only)."""
+    p = req.prompt
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        return p[0]
+    raise invalid("echo needs a text prompt", "echo")
 
 
 def _prompt_of(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
@@ -241,6 +272,50 @@ def tool_calls_json(parts: list) -> list[dict]:
             calls[p.index]["function"]["arguments"] = p.arguments
             ended.add(p.index)
     return [calls[i] for i in sorted(ended)]  # a call without its end never completed: not a call
+
+
+def _token_text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def chat_logprobs_json(items: list) -> dict:
+    """TokenLogprobs as a chat choice's `logprobs` ({"content": [...], "refusal": null})."""
+    return {
+        "content": [
+            {"token": _token_text(i.piece), "logprob": i.logprob, "bytes": list(i.piece),
+             "top_logprobs": [{"token": _token_text(t.piece), "logprob": t.logprob, "bytes": list(t.piece)} for t in i.top]}
+            for i in items
+        ],
+        "refusal": None,
+    }  # fmt: skip
+
+
+def completion_logprobs_json(items: list, offset: int = 0) -> dict:
+    """TokenLogprobs as a legacy completion choice's `logprobs` (tokens, token_logprobs, top_logprobs, text_offset)."""
+    tokens, offsets = [], []
+    for i in items:
+        offsets.append(offset)
+        text = _token_text(i.piece)
+        tokens.append(text)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [i.logprob for i in items],
+        "top_logprobs": [{_token_text(t.piece): t.logprob for t in i.top} for i in items],
+        "text_offset": offsets,
+    }
+
+
+def fingerprint(model: str, hello: Any) -> str:
+    """system_fingerprint: changes with the model, this build (ours and llama.cpp's) and the engine profile."""
+    import hashlib
+
+    from ... import __version__
+
+    info = getattr(hello, "engine_info", None)
+    parts = [model, getattr(hello, "architecture", ""), str(getattr(hello, "n_vocab", "")), __version__,
+             getattr(info, "llama_cpp_version", ""), getattr(info, "profile", ""), str(getattr(info, "extra_buffers", ""))]  # fmt: skip
+    return "fp_" + hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:12]
 
 
 def chat_response(request_id: str, model: str, created: int, text: str, done: Done, parts: list | None = None) -> dict:

@@ -199,6 +199,7 @@ def to_submit(req: ResponsesRequest, rid: str, history: list[dict]) -> Submit:
         id=rid, messages=messages, tools=tools, tool_choice=choice if tools else None,
         parallel_tool_calls=req.parallel_tool_calls is not False, template_kwargs=kwargs, sampling=sampling,
         max_tokens=req.max_output_tokens, json_schema=schema_of(req),
+        json_schema_strict=bool(((req.text or {}).get("format") or {}).get("strict")),
     )  # fmt: skip
 
 

@@ -19,8 +19,8 @@ from ..generation import record_embedding
 from ..lifecycle import Adapter, Context, Result, admitted_call, endpoint, read_body
 from ..http import ClientDisconnected, JSONBody, client_request_id, new_id
 from .convert import (
-    chat_response, chat_to_submit, completion_response, completion_to_submit, embedding_inputs, embedding_json,
-    error_body, model_json,
+    chat_logprobs_json, chat_response, chat_to_submit, completion_logprobs_json, completion_response, completion_to_submit,
+    echo_text, embedding_inputs, embedding_json, error_body, fingerprint, model_json,
 )  # fmt: skip
 from .stream import ChatStreamEncoder, CompletionStreamEncoder
 from .wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, WireError, decode
@@ -61,10 +61,14 @@ class ChatAdapter(_OpenAIAdapter):
         return chat_to_submit(req, rid)
 
     def encoder(self, req: ChatCompletionRequest, ctx: Context) -> ChatStreamEncoder:
-        return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
+        return ChatStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req), fingerprint(ctx.resolved_model, ctx.hello))
 
     def response(self, req: ChatCompletionRequest, ctx: Context, result: Result) -> dict:
-        return chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done, result.parts)
+        body = chat_response(ctx.id, ctx.model, ctx.created, result.text, result.done, result.parts)
+        body["system_fingerprint"] = fingerprint(ctx.resolved_model, ctx.hello)
+        if req.logprobs:
+            body["choices"][0]["logprobs"] = chat_logprobs_json(result.logprobs)
+        return body
 
 
 class CompletionAdapter(_OpenAIAdapter):
@@ -76,10 +80,18 @@ class CompletionAdapter(_OpenAIAdapter):
         return completion_to_submit(req, rid)
 
     def encoder(self, req: CompletionRequest, ctx: Context) -> CompletionStreamEncoder:
-        return CompletionStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req))
+        enc = CompletionStreamEncoder(ctx.id, ctx.model, ctx.created, self.include_usage(req), fingerprint(ctx.resolved_model, ctx.hello))
+        if req.echo:
+            enc.echo = echo_text(req)
+        return enc
 
     def response(self, req: CompletionRequest, ctx: Context, result: Result) -> dict:
-        return completion_response(ctx.id, ctx.model, ctx.created, result.text, result.done)
+        echo = echo_text(req) if req.echo else ""
+        body = completion_response(ctx.id, ctx.model, ctx.created, echo + result.text, result.done)
+        body["system_fingerprint"] = fingerprint(ctx.resolved_model, ctx.hello)
+        if req.logprobs is not None:
+            body["choices"][0]["logprobs"] = completion_logprobs_json(result.logprobs, len(echo))
+        return body
 
 
 def error_response(exc: GatewayError, request_id: str | None = None) -> Response:

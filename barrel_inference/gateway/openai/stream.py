@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from ...protocol import Delta, Done, ErrorInfo, TextPart, ThinkingPart, ToolCallArgs, ToolCallStart
-from .convert import CALL_PREFIX, error_body, finish_reason_of, usage_json
+from .convert import CALL_PREFIX, chat_logprobs_json, completion_logprobs_json, error_body, finish_reason_of, usage_json
 
 DONE_LINE = b"data: [DONE]\n\n"
 _encode = msgspec.json.Encoder().encode
@@ -28,14 +28,22 @@ def sse(data: Any) -> bytes:
 class _Encoder:
     object = ""
 
-    def __init__(self, request_id: str, model: str, created: int, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, created: int, include_usage: bool, fingerprint: str | None = None) -> None:
         self.id = request_id
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.fingerprint = fingerprint
+        self._logprobs: list = []  # this delta's, until a text chunk carries them
+        self._offset = 0  # characters streamed so far (completions' text_offset)
+
+    def logprobs_json(self, items: list) -> Any:
+        raise NotImplementedError
 
     def _chunk(self, choices: list[dict]) -> dict:
         chunk = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        if self.fingerprint:
+            chunk["system_fingerprint"] = self.fingerprint
         if self.include_usage:
             chunk["usage"] = None
         return chunk
@@ -49,7 +57,12 @@ class _Encoder:
     def text(self, text: str) -> bytes:
         if not text:
             return b""
-        return sse(self._chunk([self._choice(text, None)]))
+        choice = self._choice(text, None)
+        if self._logprobs:
+            choice["logprobs"] = self.logprobs_json(self._logprobs)
+            self._logprobs = []
+        self._offset += len(text)
+        return sse(self._chunk([choice]))
 
     def thinking(self, text: str) -> bytes:
         return b""
@@ -59,6 +72,7 @@ class _Encoder:
 
     def event(self, delta: Delta) -> bytes:
         out = b""
+        self._logprobs = list(delta.logprobs)
         for part in delta.parts:
             if type(part) is TextPart:
                 out += self.text(part.text)
@@ -66,6 +80,11 @@ class _Encoder:
                 out += self.thinking(part.text)
             else:
                 out += self.tool_call(part)
+        if self._logprobs:  # tokens whose text is still held back (a possible stop sequence)
+            choice = self._choice("", None)
+            choice["logprobs"] = self.logprobs_json(self._logprobs)
+            self._logprobs = []
+            out += sse(self._chunk([choice]))
         return out
 
     def finish(self, done: Done) -> bytes:
@@ -89,6 +108,9 @@ class ChatStreamEncoder(_Encoder):
     def _choice(self, text: str | None, finish_reason: str | None) -> dict:
         delta = {"content": text} if text is not None else {}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def logprobs_json(self, items: list) -> Any:
+        return chat_logprobs_json(items)
 
     def thinking(self, text: str) -> bytes:
         """Reasoning text as `delta.reasoning_content` (the common extension clients read)."""
@@ -115,3 +137,11 @@ class CompletionStreamEncoder(_Encoder):
 
     def _choice(self, text: str | None, finish_reason: str | None) -> dict:
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+    echo = ""  # the prompt, sent first (echo)
+
+    def start(self) -> bytes:
+        return self.text(self.echo) if self.echo else b""
+
+    def logprobs_json(self, items: list) -> Any:
+        return completion_logprobs_json(items, self._offset)

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from barrel_inference.gateway.anthropic.auth import key_allowed, presented_key
 from barrel_inference.gateway.anthropic.convert import prompt_of, to_submit, turn_options
 from barrel_inference.gateway.anthropic.definition import FAMILY
 from barrel_inference.gateway.anthropic.errors import error_body, error_status
@@ -212,20 +211,6 @@ def test_unknown_model_says_how_to_alias():
 def test_every_error_code_maps_below_600():
     for code in ErrorCode:
         assert 400 <= error_status(ErrorInfo(code, "x")) < 600
-
-
-@pytest.mark.parametrize("headers,key", [
-    ({"x-api-key": "k1"}, "k1"), ({"authorization": "Bearer k2"}, "k2"), ({"authorization": "bearer  k3 "}, "k3"),
-    ({"authorization": "Basic abc"}, None), ({}, None),
-])  # fmt: skip
-def test_presented_key(headers, key):
-    assert presented_key(headers) == key
-
-
-def test_key_allowlist():
-    assert key_allowed(None, []) and key_allowed("anything", [])
-    assert key_allowed("b", ["a", "b"]) and not key_allowed("c", ["a", "b"]) and not key_allowed(None, ["a"])
-    assert not key_allowed("a", ["ab"]) and not key_allowed("ab", ["a"])
 
 
 class Rec:
