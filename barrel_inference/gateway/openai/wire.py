@@ -6,11 +6,13 @@ bad value becomes a 400 that names its field. Checks that need more than a type 
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta
+
+from ..wiredecode import WireError  # noqa: F401 - the family's routes import it from here
+from ..wiredecode import decode as _decode
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -116,41 +118,5 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
 
 
-class WireError(ValueError):
-    """A body that is not valid JSON or does not fit the request Struct; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
-
-
-def _param_of(message: str) -> tuple[str, str | None]:
-    """msgspec's 'Expected `int`, got `str` - at `$.n`' -> ('Expected `int`, got `str`', 'n')."""
-    path = None
-    m = _PATH.search(message)
-    if m:
-        path = m.group("path").lstrip(".") or None
-        message = message[: m.start()]
-    missing = _MISSING.match(message)
-    if missing:
-        field = missing.group("field")
-        path = f"{path}.{field}" if path else field
-    return message, path
-
-
 def decode(body: bytes, type_: type) -> Any:
-    if not body.strip():
-        raise WireError("the request body is empty; send a JSON object", None)
-    try:
-        return msgspec.json.decode(body, type=type_)
-    except msgspec.ValidationError as exc:
-        message, param = _param_of(str(exc))
-        raise WireError(f"{message}{f' (field {param!r})' if param else ''}", param) from None
-    except msgspec.DecodeError as exc:
-        raise WireError(f"the request body is not valid JSON: {exc}", None) from None
-    except RecursionError:
-        raise WireError("the request body is nested too deeply", None) from None
+    return _decode(body, type_, lambda message, param: f"{message}{f' (field {param!r})' if param else ''}")
