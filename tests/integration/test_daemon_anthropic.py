@@ -125,3 +125,34 @@ async def test_alias_added_without_a_restart_on_sighup(daemon):
     finally:
         daemon.config.write_text(original)
         daemon.proc.send_signal(signal.SIGHUP)
+
+
+def test_forced_tool_use_round_trip_on_control_token_markers(tmp_path):
+    """A real tool call through the Messages API: the tiny GGUF with Qwen's vocabulary and template
+    (its <tool_call> markers are control tokens), tool_choice any, then the tool_result turn, whose
+    history carries the call rebuilt from the bytes the model wrote (a replay hit)."""
+    import httpx
+
+    from tinymodel import write_tiny_gguf
+
+    qwen = write_tiny_gguf(tmp_path / "qwen.gguf", flavour="qwen2.5", context_length=8192)
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "required": ["city"],
+              "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}}]  # fmt: skip
+    (tmp_path / "d").mkdir()
+    with Daemon(tmp_path / "d", {"qwen": qwen}, n_seq_max=2, n_ctx=4096, threads=1) as d:
+        c = anthropic.Anthropic(base_url=d.url, api_key="unused", max_retries=0, timeout=120)
+        ask = [{"role": "user", "content": "Weather in Paris?"}]
+        msg = c.messages.create(model="qwen", max_tokens=80, tools=tools, messages=ask, extra_body={"temperature": 0.0},
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True})  # fmt: skip
+        assert msg.stop_reason == "tool_use", msg
+        (use,) = [b for b in msg.content if b.type == "tool_use"]
+        assert use.id.startswith("toolu_") and use.name == "get_weather" and use.input["city"] in ("Paris", "Rome")
+        assert not any(b.type == "text" and "<tool_call>" in b.text for b in msg.content)
+        follow = c.messages.create(model="qwen", max_tokens=2, tools=tools, extra_body={"temperature": 0.0}, messages=[
+            *ask, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}])  # fmt: skip
+        assert follow.stop_reason in ("end_turn", "max_tokens")
+        stats = httpx.get(d.url + "/api/stats", params={"model": "qwen"}, timeout=30).json()
+        replay = stats.get("tool_replay_lookups") or stats["stats"]["tool_replay_lookups"]
+        assert replay["hit"] == 1  # the toolu_ id found the call the model wrote
+        assert follow.usage.cache_read_input_tokens > msg.usage.input_tokens  # the first turn's cache was reused
