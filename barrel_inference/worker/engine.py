@@ -32,8 +32,9 @@ def _backend_init() -> None:
 
 
 # buffer types named in llama.cpp's load log ("load_tensors: CPU_REPACK model buffer size = ..."):
-# the only place llama.cpp says which weight layouts a model got (one model per worker process)
-_LOAD_BUFFERS: list[str] = []
+# the only place llama.cpp says which weight layouts a model got. A model loads on the calling
+# thread, so the names are collected per thread, only while that thread loads one.
+_LOADING = threading.local()
 _BUFFER_LINE = re.compile(rb"^\s*(?:\w+:\s+)?(\S+) model buffer size")
 
 
@@ -41,10 +42,11 @@ _BUFFER_LINE = re.compile(rb"^\s*(?:\w+:\s+)?(\S+) model buffer size")
 def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
     if text:
         m = _BUFFER_LINE.match(text)
-        if m:
+        names = getattr(_LOADING, "buffers", None)
+        if m and names is not None:
             name = m.group(1).decode("utf-8", "replace")
-            if name not in _LOAD_BUFFERS:
-                _LOAD_BUFFERS.append(name)
+            if name not in names:
+                names.append(name)
         if os.environ.get("BARREL_INFERENCE_LLAMA_LOG"):
             os.write(2, text)
 
@@ -191,10 +193,13 @@ class LlamaEngine:
         if use_mlock is not None:
             mp.use_mlock = use_mlock
         self.model_path = model_path
-        self.model = L.llama_model_load_from_file(model_path.encode(), mp)
+        _LOADING.buffers = []
+        try:
+            self.model = L.llama_model_load_from_file(model_path.encode(), mp)
+        finally:
+            self._weight_buffers, _LOADING.buffers = _LOADING.buffers, None
         if not self.model:
             raise EngineError("model_not_found", f"llama.cpp could not load the model file {model_path}")
-        self._weight_buffers = list(_LOAD_BUFFERS)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self.model)
