@@ -16,21 +16,19 @@ Strings never admit raw control characters (U+0000..U+001F must be escaped in JS
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gbnf_rules import PRIMITIVES, _PRIMITIVE_DEPS, integer_range, json_literal, literal
+from .gbnf_rules import Never as _Never
 from .grammar import GrammarLimits, GrammarRefused
+from .schema_algebra import _ANNOTATIONS, _bounds, _contradicts, _disjoint, _implied_type, _int, _is_type, _merge, _whole
 
 MAX_REF_DEPTH = 4  # a recursive $ref is unrolled this many times, then its recursion is cut
-MAX_INT_DIGITS = 16  # an integer with no upper bound gets at most this many digits
 MAX_ENUMERATED_MULTIPLES = 128  # multipleOf over a bounded integer range: enumerated up to this many values
 
 # keywords that only annotate
-_ANNOTATIONS = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
-    "writeOnly", "discriminator", "$anchor", "nullable", "strict", "name",
-}  # fmt: skip
+  # fmt: skip
 # keywords the validator checks after generation when the grammar does not enforce them
 _CHECKABLE = {
     "pattern", "patternProperties", "minProperties", "maxProperties", "contains", "minContains", "maxContains",
@@ -49,109 +47,6 @@ class Conversion:
     enforced: set[str] = field(default_factory=set)
     checked: set[str] = field(default_factory=set)
     unenforced: set[str] = field(default_factory=set)
-
-
-class _Never(Exception):
-    """No value satisfies this (sub)schema under the grammar's bounds."""
-
-
-PRIMITIVES = {
-    "ws": '| " " | "\\n" [ \\t]{0,20}',
-    "char": '[^"\\\\\\x00-\\x1F\\x7F\\uD800-\\uDFFF\\U00110000-\\U003FFFFF] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
-    "string": '"\\"" char* "\\""',
-    "int": '"-"? ("0" | [1-9] [0-9]{0,15})',
-    "number": 'int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?',
-    "boolean": '"true" | "false"',
-    "null": '"null"',
-    "value": "object | array | string | number | boolean | null",
-    "object": '"{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"',
-    "array": '"[" ws ( value ws ( "," ws value ws )* )? "]"',
-    "digit": "[0-9]",
-    "d2": "[0-9] [0-9]",
-    "date": '"\\"" [0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) "\\""',
-    "time-body": '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
-    "time": '"\\"" time-body "\\""',
-    "date-time": '"\\"" [0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) "T" time-body "\\""',
-    "uuid": '"\\"" [0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12} "\\""',
-}
-_PRIMITIVE_DEPS = {
-    "string": ["char"], "number": ["int"], "value": ["object", "array", "string", "number", "boolean", "null"],
-    "object": ["ws", "string", "value"], "array": ["ws", "value"], "time": ["time-body"], "date-time": ["time-body"],
-}  # fmt: skip
-
-
-def literal(text: str) -> str:
-    """A GBNF string literal for `text` (control characters as \\x escapes)."""
-    out = []
-    for c in text:
-        if c == '"':
-            out.append('\\"')
-        elif c == "\\":
-            out.append("\\\\")
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\x{ord(c):02X}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
-
-
-def json_literal(value: Any) -> str:
-    return literal(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
-
-
-# ---- integer ranges as digit rules ----------------------------------------------------------
-
-
-def _same_length(lo: str, hi: str) -> str:
-    """Digits of equal length from lo to hi (lo <= hi), as a GBNF expression."""
-    if lo == hi:
-        return literal(lo)
-    if len(lo) == 1:
-        return f"[{lo}-{hi}]"
-    rest = len(lo) - 1
-    if lo[0] == hi[0]:
-        return f"{literal(lo[0])} ({_same_length(lo[1:], hi[1:])})"
-    if lo[1:] == "0" * rest and hi[1:] == "9" * rest:
-        return f"[{lo[0]}-{hi[0]}] [0-9]{{{rest}}}"
-    alts = [f"{literal(lo[0])} ({_same_length(lo[1:], '9' * rest)})"]
-    a, b = int(lo[0]) + 1, int(hi[0]) - 1
-    if a <= b:
-        alts.append(f"[{a}-{b}] [0-9]{{{rest}}}")
-    alts.append(f"{literal(hi[0])} ({_same_length('0' * rest, hi[1:])})")
-    return " | ".join(f"({x})" for x in alts)
-
-
-def _nonneg_range(lo: int, hi: int | None) -> list[str]:
-    """Alternatives for the decimal numerals of lo..hi (hi None: up to MAX_INT_DIGITS digits)."""
-    alts = []
-    top = MAX_INT_DIGITS if hi is None else len(str(hi))
-    for n in range(len(str(lo)), top + 1):
-        a = max(lo, 10 ** (n - 1) if n > 1 else 0)
-        b = 10**n - 1 if hi is None else min(hi, 10**n - 1)
-        if a > b:
-            continue
-        if hi is None and a == 10 ** (n - 1) and n > 1:  # all longer numerals at once
-            alts.append(f"[1-9] [0-9]{{{n - 1},{MAX_INT_DIGITS - 1}}}")
-            break
-        alts.append(_same_length(str(a), str(b)))
-    return alts
-
-
-def integer_range(lo: int | None, hi: int | None) -> str:
-    """A GBNF expression for the integers lo..hi (either end may be open)."""
-    if lo is not None and hi is not None and lo > hi:
-        raise _Never()
-    alts = []
-    if hi is None or hi >= 0:
-        alts += _nonneg_range(max(lo, 0) if lo is not None else 0, hi)
-    if lo is None or lo < 0:
-        nlo = 1 if hi is None or hi >= 0 else -hi
-        nhi = None if lo is None else -lo
-        alts += [f'"-" ({x})' for x in _nonneg_range(nlo, nhi)]
-    return " | ".join(f"({a})" for a in alts)
-
-
-# ---- the converter ----------------------------------------------------------------------------
 
 
 class _Converter:
@@ -589,169 +484,6 @@ _KNOWN_ELSEWHERE = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
     "minLength", "maxLength", "enum", "const", "anyOf",
 }  # fmt: skip
-
-
-def _is_type(v: Any, t: Any) -> bool:
-    types = t if isinstance(t, list) else [t]
-    for one in types:
-        if (one == "string" and isinstance(v, str)) or (one == "boolean" and isinstance(v, bool)) or (one == "null" and v is None):
-            return True
-        if one == "integer" and isinstance(v, int) and not isinstance(v, bool):
-            return True
-        if one == "integer" and isinstance(v, float) and v.is_integer():
-            return True
-        if one == "number" and isinstance(v, (int, float)) and not isinstance(v, bool):
-            return True
-        if one == "object" and isinstance(v, dict):
-            return True
-        if one == "array" and isinstance(v, list):
-            return True
-    return False
-
-
-def _implied_type(s: dict) -> str | None:
-    if any(k in s for k in ("properties", "required", "additionalProperties", "patternProperties")):
-        return "object"
-    if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):
-        return "array"
-    if any(k in s for k in ("minLength", "maxLength", "pattern")):
-        return "string"
-    return None
-
-
-def _int(v: Any, kw: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer():
-        raise GrammarRefused(f"{kw} must be a non-negative integer", kw, 0)
-    return int(v)
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer()
-
-
-def _num(v: Any, kw: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise GrammarRefused(f"{kw} must be a number", kw, 0)
-    return v
-
-
-def _bounds(s: dict, integer: bool) -> tuple:
-    """(lo, hi) inclusive; for integers the whole numbers in range (exclusive bounds either form)."""
-    lo = hi = None
-    if "minimum" in s:
-        m = _num(s["minimum"], "minimum")
-        if s.get("exclusiveMinimum") is True:  # draft 4
-            lo = math.floor(m) + 1 if integer else m
-        else:
-            lo = math.ceil(m) if integer else m
-    if "maximum" in s:
-        m = _num(s["maximum"], "maximum")
-        if s.get("exclusiveMaximum") is True:
-            hi = math.ceil(m) - 1 if integer else m
-        else:
-            hi = math.floor(m) if integer else m
-    em, eM = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-    if em is not None and not isinstance(em, bool):
-        v = _num(em, "exclusiveMinimum")
-        v = math.floor(v) + 1 if integer else v
-        lo = v if lo is None else max(lo, v)
-    if eM is not None and not isinstance(eM, bool):
-        v = _num(eM, "exclusiveMaximum")
-        v = math.ceil(v) - 1 if integer else v
-        hi = v if hi is None else min(hi, v)
-    if integer:
-        lo = None if lo is None else int(lo)
-        hi = None if hi is None else int(hi)
-    return lo, hi
-
-
-_MAX_KW = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"}
-_MIN_KW = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"}
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        if k in _ANNOTATIONS:
-            continue
-        if k not in out:
-            out[k] = v
-        elif out[k] == v:
-            continue
-        elif k in _MAX_KW and not isinstance(v, bool) and not isinstance(out[k], bool):
-            out[k] = max(out[k], v)
-        elif k in _MIN_KW and not isinstance(v, bool) and not isinstance(out[k], bool):
-            out[k] = min(out[k], v)
-        elif k == "required":
-            out[k] = list(dict.fromkeys(list(out[k]) + list(v)))
-        elif k == "properties":
-            props = dict(out[k])
-            for name, sub in v.items():
-                props[name] = {"allOf": [props[name], sub]} if name in props else sub
-            out[k] = props
-        elif k == "type":
-            ta = set(out[k] if isinstance(out[k], list) else [out[k]])
-            tb = set(v if isinstance(v, list) else [v])
-            both = ta & tb
-            if "number" in ta and "integer" in tb:
-                both.add("integer")
-            if "integer" in ta and "number" in tb:
-                both.add("integer")
-            if not both:
-                out[k] = []  # contradiction
-            else:
-                out[k] = sorted(both) if len(both) > 1 else both.pop()
-        elif k == "enum":
-            out[k] = [x for x in out[k] if x in v]
-        elif k == "additionalProperties" and (v is False or out[k] is False):
-            out[k] = False
-        else:
-            out.setdefault("allOf", [])
-            out["allOf"] = list(out["allOf"]) + [{k: v}]
-    return out
-
-
-def _contradicts(s: dict) -> bool:
-    if s.get("type") == []:
-        return True
-    if "enum" in s and not s["enum"]:
-        return True
-    if "const" in s and "enum" in s and s["const"] not in s["enum"]:
-        return True
-    for lo, hi in (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties")):
-        a, b = s.get(lo), s.get(hi)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool) and a > b:
-            return True
-    return False
-
-
-def _disjoint(options: list) -> bool:
-    """Alternatives no value can satisfy two of: distinct primitive types, or distinct consts of one
-    required property (a discriminated union)."""
-    types = []
-    for o in options:
-        if not isinstance(o, dict):
-            return False
-        t = o.get("type")
-        if not isinstance(t, str) or t in ("object",) and len(options) > 1:
-            types = None
-            break
-        types.append("number" if t == "integer" else t)
-    if types is not None and len(set(types)) == len(types):
-        return True
-    for key in (options[0].get("properties") or {}) if isinstance(options[0], dict) else {}:
-        seen = set()
-        for o in options:
-            p = (o.get("properties") or {}).get(key) if isinstance(o, dict) else None
-            if not isinstance(p, dict) or key not in (o.get("required") or []):
-                break
-            v = p.get("const", p["enum"][0] if isinstance(p.get("enum"), list) and len(p["enum"]) == 1 else None)
-            if v is None or json.dumps(v) in seen:
-                break
-            seen.add(json.dumps(v))
-        else:
-            return True
-    return False
 
 
 def convert(schema: Any, *, strict: bool = False, limits: GrammarLimits = GrammarLimits(),
