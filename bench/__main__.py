@@ -13,7 +13,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from barrel_inference import hostinfo
 
 from . import build as buildmod
 from . import report, systems, workloads
@@ -34,16 +35,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def git_rev() -> str:
@@ -298,7 +289,7 @@ async def run(args) -> dict:
                           n_batch=args.n_batch)  # fmt: skip
     results: dict = {
         "meta": {
-            "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": cpu_model(),
+            "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": hostinfo.cpu_model(),
             "cores": os.cpu_count(), "model": str(model_path), "model_name": model_name, "threads": args.threads,
             "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds, "repeat": args.repeat,
             "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "n_batch": args.n_batch, "git": git_rev(),

@@ -91,25 +91,17 @@ def measure(model: str, extra_bufts: bool, threads: int) -> dict:
 # ---- the driver ----------------------------------------------------------------------------------
 
 
+def _host():
+    # the driver runs in the project's venv; the measuring child (another build's python) needs none of this
+    from barrel_inference import hostinfo
+
+    return hostinfo
+
+
 def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in FLAGS if f in have]
-    except OSError:
-        pass
-    return []
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    """The FLAGS this CPU has."""
+    have = _host().cpu_flags()
+    return [f for f in FLAGS if f in have]
 
 
 def loadavg() -> str:
@@ -166,7 +158,7 @@ def drive(args) -> int:
     model = args.model or default_model()
     configs = [(name, python, extra) for name, python in builds for extra in (True, False)]
     results: dict[tuple[str, bool], list[dict]] = {(n, e): [] for n, _, e in configs}
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} logical cores")
+    print(f"CPU: {_host().cpu_model()}, {os.cpu_count()} logical cores")
     print(f"CPU flags seen (of {' '.join(FLAGS)}): {' '.join(cpu_flags())}")
     print(f"model: {model}; threads {args.threads}; {N_DECODE}-token greedy decode, {N_PREFILL}-token prefill; {args.runs} runs each")
     print(f"load average before: {loadavg()}")
@@ -217,7 +209,7 @@ def drive(args) -> int:
                      "decode_best": dec_best, "prefill_best": pre_best, "decode_ratio": r_dec, "prefill_ratio": r_pre,
                      "decode_ratio_best": rb_dec, "prefill_ratio_best": rb_pre})  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "flags": cpu_flags(), "model": model, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"cpu": _host().cpu_model(), "flags": cpu_flags(), "model": model, "rows": rows}, indent=1))
     return 0
 
 
