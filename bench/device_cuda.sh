@@ -28,6 +28,7 @@
 # results file), logs.txt (tails of the daemon, server and build logs). It prints the summary at the end.
 #
 # Settings (environment): DEVICE_CUDA_DEADLINE (seconds for the whole run: 480, dry 2400),
+# DEVICE_CUDA_WORK (where builds, the model and logs go: .gpu/work, one fresh folder per run),
 # DEVICE_CUDA_JOBS (build jobs: nproc), DEVICE_CUDA_ARCH (90), PYTHON (python3),
 # BARREL_INFERENCE_WHEEL_CACHE (where the built wheel is kept: a fresh folder under the work dir).
 set -uo pipefail
@@ -78,7 +79,8 @@ OUT=${OUT:-$REPO/.gpu/out}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : > "$LOG"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/device-cuda.XXXXXX")
+mkdir -p "$REPO/.gpu/work"  # on the repository's disk: /tmp may be a small tmpfs (the model is 1.4 GB)
+WORK=$(mktemp -d "${DEVICE_CUDA_WORK:-$REPO/.gpu/work}/device-cuda.XXXXXX")
 JOBS=${DEVICE_CUDA_JOBS:-$(nproc)}
 ARCH=${DEVICE_CUDA_ARCH:-90}
 export BARREL_INFERENCE_WHEEL_CACHE=${BARREL_INFERENCE_WHEEL_CACHE:-$WORK/llama-wheels}
@@ -150,7 +152,8 @@ for line in (work / "steps.tsv").read_text().splitlines() if (work / "steps.tsv"
     steps[name] = {"rc": None if rc == "skipped" else int(rc), "seconds": int(secs), "skipped": rc == "skipped"}
 fig = {"mode": mode, "cmake_args": flags, "elapsed_s": elapsed, "steps": steps,
        "machine": load(work / "machine.json"), "build": load(work / "build.json"), "model": load(work / "model.json"),
-       "smoke": load(work / "smoke.json")}
+       "smoke": load(work / "smoke.json"), "compile": load(work / "ninja.json"),
+       "compile_llama_server": load(work / "ninja-server.json")}
 bench = load(work / "bench.json")
 if bench:
     keep = ("tok_s", "ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "itl_ms_p95", "ok", "streams", "tokens", "tokens_from_usage",
@@ -237,8 +240,9 @@ MODEL_JOB=$!
 
 # ---- 2. the README's build command, offline ----------------------------------------------------------
 build() {
+  # SKBUILD_BUILD_DIR keeps scikit-build-core's build tree, whose .ninja_log tells how far a build got
   PIP_NO_INDEX=1 PIP_FIND_LINKS=$WHL BARREL_INFERENCE_NO_DEPS=1 CMAKE_ARGS="$CMAKE_FLAGS" \
-    CMAKE_BUILD_PARALLEL_LEVEL=$JOBS PYTHON=$PY ./scripts/setup || return $?
+    CMAKE_BUILD_PARALLEL_LEVEL=$JOBS SKBUILD_BUILD_DIR=$WORK/llama-build PYTHON=$PY ./scripts/setup || return $?
   ls -la "$BARREL_INFERENCE_WHEEL_CACHE"/*/ 2>/dev/null
   .venv/bin/python - "$WORK/build.json" <<'EOF'
 import json, sys, glob, os
@@ -254,8 +258,31 @@ json.dump(out, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(out, indent=1))
 EOF
 }
+# what the compile cost: steps done, their summed seconds (about CPU seconds) and the slowest
+ninja_stats() {
+  "$PY" - "$1" "$2" <<'EOF'
+import json, sys
+rows = []
+try:
+    for line in open(sys.argv[1]):
+        p = line.rstrip("\n").split("\t")
+        if len(p) == 5 and p[0].isdigit():
+            rows.append(((int(p[1]) - int(p[0])) / 1000.0, p[3]))
+except OSError:
+    pass
+rows.sort(reverse=True)
+out = {"steps": len(rows), "summed_s": round(sum(r[0] for r in rows), 1),
+       "cuda_steps": sum(1 for r in rows if ".cu." in r[1]), "cuda_summed_s": round(sum(r[0] for r in rows if ".cu." in r[1]), 1),
+       "slowest": [[round(s, 1), t.rsplit("/", 1)[-1]] for s, t in rows[:8]]}
+json.dump(out, open(sys.argv[2], "w"))
+print("compile steps:", json.dumps(out))
+EOF
+}
 export -f build
-step setup "$(cap 400 90)" build || { log "FAILED: the llama-cpp-python build"; exit 1; }
+step setup "$(cap 400 90)" build
+SETUP_RC=$?
+ninja_stats "$WORK/llama-build/.ninja_log" "$WORK/ninja.json" | tee -a "$LOG"
+[ "$SETUP_RC" = 0 ] || { log "FAILED: the llama-cpp-python build"; exit 1; }
 wait "$MODEL_JOB"
 SUPPRESS=$("$PY" -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["suppress_ids"])))' "$WORK/model.json" 2>/dev/null)
 [ -n "$SUPPRESS" ] || { log "FAILED: no model"; exit 1; }
@@ -297,7 +324,8 @@ n_seq_max = 4
 n_ctx = 2048
 EOT
   export BARREL_INFERENCE_HOST=127.0.0.1:$port BARREL_INFERENCE_CONFIG=$WORK/smoke.toml
-  BARREL_INFERENCE_LLAMA_LOG=1 setsid .venv/bin/bictl serve --config "$WORK/smoke.toml" > "$WORK/daemon.log" 2>&1 &
+  local own=setsid; command -v setsid >/dev/null || own=
+  BARREL_INFERENCE_LLAMA_LOG=1 $own .venv/bin/bictl serve --config "$WORK/smoke.toml" > "$WORK/daemon.log" 2>&1 &
   echo $! > "$WORK/daemon.pid"
   "$PY" - "$port" <<'EOF' || return 1
 import sys, time, urllib.request
@@ -334,10 +362,21 @@ EOF
     echo; echo "\$ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>&1
     echo; echo "llama.cpp's load lines from the worker (daemon log):"
-    grep -aoE '(offload|CUDA|model buffer|KV buffer|compute buffer|flash_attn|using device)[^"\\]*' "$WORK/daemon.log" | sort -u | head -40
+    "$PY" - "$WORK/daemon.log" <<'EOF'
+import json, re, sys
+seen = []
+for raw in open(sys.argv[1], errors="replace"):
+    try:
+        line = json.loads(raw).get("line") or ""
+    except ValueError:
+        continue
+    if re.search(r"offload|buffer size|flash_attn|CUDA|GPU|device", line) and line not in seen:
+        seen.append(line)
+print("\n".join(seen[:60]))
+EOF
   } > "$OUT/doctor.txt" 2>&1
   cat "$OUT/doctor.txt"
-  kill -TERM -- -"$(cat "$WORK/daemon.pid")"  # drains, then stops its workers
+  kill -TERM -- -"$(cat "$WORK/daemon.pid")" 2>/dev/null || kill -TERM "$(cat "$WORK/daemon.pid")"  # drains, stops its workers
   for _ in $(seq 20); do kill -0 "$(cat "$WORK/daemon.pid")" 2>/dev/null || break; sleep 0.5; done
 }
 export -f smoke
@@ -347,17 +386,18 @@ step smoke "$(cap 150 120)" smoke
 
 wait "$SERVER_JOB"
 BG_PIDS=()
+ninja_stats "$WORK/server-build/.ninja_log" "$WORK/ninja-server.json" | tee -a "$LOG"
 SYSTEMS=ours
 [ -x "$SERVER_BIN" ] && SYSTEMS=ours,llama-server || log "no llama-server: ours alone"
 
 # ---- 6. the benchmark, sized to the time left ---------------------------------------------------------
-# per system: ~20 s to start and warm up, then each level's waves (a few seconds each on a GPU);
+# per system: ~20 s to start and warm up (a GPU), then each level's waves (seconds each on a GPU);
 # every level is time-boxed, and with little time left only the smallest and largest levels run
 R=$(left)
 ROUNDS=2; [ "$R" -lt 240 ] && ROUNDS=1
 [ "$R" -lt 150 ] && LEVELS="${LEVELS%%,*},${LEVELS##*,}"
 NSYS=$(( ${#SYSTEMS} > 4 ? 2 : 1 )); NLEV=$(echo "$LEVELS" | tr ',' '\n' | wc -l)
-LEVEL_TO=$(( (R - 30 - 25 * NSYS) / (NSYS * NLEV) )); [ "$LEVEL_TO" -gt 60 ] && LEVEL_TO=60
+LEVEL_TO=$(( (R - 20 - 20 * NSYS) / (NSYS * NLEV) )); [ "$LEVEL_TO" -gt 60 ] && LEVEL_TO=60
 if [ "$LEVEL_TO" -lt 8 ]; then
   log "SKIP bench: ${R}s left"
 else
