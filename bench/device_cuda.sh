@@ -28,7 +28,7 @@
 # results file), logs.txt (tails of the daemon, server and build logs). It prints the summary at the end.
 #
 # Settings (environment): DEVICE_CUDA_DEADLINE (seconds for the whole run: 480, dry 2400),
-# DEVICE_CUDA_WORK (where builds, the model and logs go: .gpu/work, one fresh folder per run),
+# DEVICE_CUDA_WORK (where builds, the model and logs go, one fresh folder per run: /tmp or .gpu/work),
 # DEVICE_CUDA_JOBS (build jobs: nproc), DEVICE_CUDA_ARCH (90), PYTHON (python3),
 # BARREL_INFERENCE_WHEEL_CACHE (where the built wheel is kept: a fresh folder under the work dir).
 set -uo pipefail
@@ -79,8 +79,15 @@ OUT=${OUT:-$REPO/.gpu/out}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : > "$LOG"
-mkdir -p "$REPO/.gpu/work"  # on the repository's disk: /tmp may be a small tmpfs (the model is 1.4 GB)
-WORK=$(mktemp -d "${DEVICE_CUDA_WORK:-$REPO/.gpu/work}/device-cuda.XXXXXX")
+# builds and the model (1.4 GB) need room: /tmp when it has 8 GB free, else beside the repository
+# (under .gpu/, ignored: empty it before .gpu travels again)
+WORK_BASE=${DEVICE_CUDA_WORK:-}
+if [ -z "$WORK_BASE" ]; then
+  if [ "$(df -Pk /tmp 2>/dev/null | awk 'NR == 2 {print $4}')" -gt $(( 8 << 20 )) ] 2>/dev/null; then WORK_BASE=/tmp
+  else WORK_BASE=$REPO/.gpu/work; fi
+fi
+mkdir -p "$WORK_BASE"
+WORK=$(mktemp -d "$WORK_BASE/device-cuda.XXXXXX")
 JOBS=${DEVICE_CUDA_JOBS:-$(nproc)}
 ARCH=${DEVICE_CUDA_ARCH:-90}
 export BARREL_INFERENCE_WHEEL_CACHE=${BARREL_INFERENCE_WHEEL_CACHE:-$WORK/llama-wheels}
