@@ -334,6 +334,7 @@ class WorkerServer:
             )  # fmt: skip
             req.schema_receipt = receipt
             req.logprobs = msg.logprobs
+            req.pin_ttl_s = max(0.0, float(msg.pin_ttl_s or 0.0))
             if plan is not None:
                 req.hook = plan.hook(tokens)
                 req.tool_replay = plan.replay

@@ -16,8 +16,11 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
+  NOKEEP   -> the request's cache is not kept (its Done says it committed nothing)
 Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
-cached 2); CountTokens of messages counts the same way.
+cached 2); CountTokens of messages counts the same way. A request's Done says its evaluated prompt
+tokens (prompt - cached) stay cached for the next one (CacheInfo.committed_tokens), as a real worker
+whose sequence is kept does.
 An Embed with an input containing STALL is never answered.
 """
 
@@ -38,7 +41,7 @@ from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
     ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, CountResult, CountTokens, Detokenize, DetokenizeResult,
-    Render, RenderResult,
+    Render, RenderResult, CacheInfo,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -234,7 +237,9 @@ class FakeWorker:
                 await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, tokens=tokens, n_tokens=1)]))
             usage.completion_tokens = n
             reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            evaluated = usage.prompt_tokens - usage.cached_tokens
+            cache = CacheInfo(kind="prefix", evaluated_tokens=evaluated, committed_tokens=0 if "NOKEEP" in words else evaluated)
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0), cache=cache)]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
 
