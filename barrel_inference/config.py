@@ -94,6 +94,17 @@ class ApiKey(msgspec.Struct, forbid_unknown_fields=True):
     families: list[str] = []  # the API families it may use ("openai", "anthropic", "ollama"); empty: all
     admin: bool = False  # management routes (pull, delete, create, copy, edit, unload) need an admin key
     name: str = ""  # for the operator (logs); never compared
+    # the models it may use: registry names, aliases or fnmatch patterns ("qwen*"); a name without a
+    # tag also allows its ":latest"; empty: every model. Another model gets 403 (Anthropic: permission_error)
+    models: list[str] = []
+
+
+class AnthropicKey(msgspec.Struct, forbid_unknown_fields=True):
+    """An `anthropic_api_keys` entry in table form, to restrict the models the key may use."""
+
+    key: str
+    models: list[str] = []
+    name: str = ""
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -111,8 +122,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     # that family's envelope; management routes then need an admin key; /health stays open
     api_keys: list[ApiKey] = []
     metrics_require_key: bool = False  # true: GET /metrics needs a key too (once any key is configured)
-    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer)
-    anthropic_api_keys: list[str] = []
+    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer): a string, or
+    # { key = "...", models = ["claude-*", "qwen:7b"] } for a key that may use those models only
+    anthropic_api_keys: list[str | AnthropicKey] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
     defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
@@ -186,7 +198,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     # ---- derived --------------------------------------------------------------------
     def all_api_keys(self) -> list[ApiKey]:
         """api_keys, then anthropic_api_keys as keys for the Anthropic family."""
-        return [*self.api_keys, *(ApiKey(key=k, families=["anthropic"]) for k in self.anthropic_api_keys)]
+        return [*self.api_keys, *(
+            ApiKey(key=k, families=["anthropic"]) if isinstance(k, str)
+            else ApiKey(key=k.key, families=["anthropic"], models=list(k.models), name=k.name)
+            for k in self.anthropic_api_keys
+        )]  # fmt: skip
 
     def cache_dir(self) -> Path:
         if self.model_cache_dir:

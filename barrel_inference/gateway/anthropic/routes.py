@@ -15,6 +15,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from ...protocol import CountTokens
+from ..auth import permit_model
 from ..errors import GatewayError, invalid
 from ..generation import Result, record_rejected
 from ..http import JSONBody, client_request_id, new_id
@@ -106,6 +107,7 @@ async def count_tokens(request: Request) -> Response:
         except WireError as exc:
             raise invalid(str(exc), exc.param) from None
         messages_, tools = prompt_of(req)
+        await permit_model(request.scope, state, req.model)
         handle = await state.models.get(req.model)
         reply = await handle.call(CountTokens(id=rid, messages=messages_, tools=tools, add_generation_prompt=True))
         if reply.error is not None:

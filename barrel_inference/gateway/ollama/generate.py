@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...protocol import Delta, Done, ErrorCode, Submit
+from ..auth import permit_model
 from ..errors import GatewayError, invalid
 from ..family import STATUS, Family, plain_error
 from ..generation import Result, record_rejected
@@ -87,6 +88,7 @@ class Prepared:
         self.worker = ""  # the worker's name: the model's, or a variant's with the asked engine settings
 
     async def resolve(self) -> Any:
+        await permit_model(self.request.scope, self.state, self.name)
         self.record = await self.state.models.resolve(self.name)
         return self.record
 
@@ -259,6 +261,7 @@ class PreparedAdapter(Adapter):
 
     family = FAMILY
     media_type = NDJSON
+    model_access_checked = True  # Prepared.resolve did, by the name the client sent
 
     def __init__(self, p: Prepared, submit: Submit, stream: bool, chunk, final) -> None:
         self.p, self.submit, self.stream = p, submit, stream
