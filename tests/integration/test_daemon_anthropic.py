@@ -65,6 +65,16 @@ async def test_errors_from_the_real_daemon(daemon):
     assert info.value.body["error"]["type"] == "invalid_request_error" and "2048" in info.value.body["error"]["message"]
 
 
+async def test_count_tokens_counts_a_prompt_longer_than_the_context(daemon):
+    """The context limit applies to generating; counting a prompt over it answers its size (as the real API does)."""
+    c = client(daemon)
+    long = [{"role": "user", "content": "word " * 3000}]
+    counted = await c.messages.count_tokens(model="tiny", messages=long, system=[{"type": "text", "text": "x " * 2000}])
+    assert counted.input_tokens > 2048 + 3000
+    with pytest.raises(anthropic.BadRequestError):  # generating it is still refused
+        await c.messages.create(model="tiny", max_tokens=4, messages=long)
+
+
 async def test_models_list_shows_names_and_aliases(daemon):
     page = await client(daemon).models.list()
     ids = [m.id for m in page.data]
