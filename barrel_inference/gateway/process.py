@@ -83,14 +83,44 @@ def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelS
     return argv
 
 
+TOOL_KEYS = ("tool_format", "thinking_start", "thinking_end")
+
+
+def _tool_flags(settings: Settings, record: Any) -> dict:
+    """The tool format and thinking markers a worker is started with: the manifest's scan, under the
+    operator's [defaults] / [models."name"]."""
+    loader = dict(getattr(record, "loader", None) or {})
+    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
+    out = {key: loader.get(key) for key in TOOL_KEYS}
+    for key in TOOL_KEYS:
+        if getattr(mine, key) is not None:
+            out[key] = getattr(mine, key)
+    return out
+
+
+def tool_settings(settings: Settings, record: Any) -> dict:
+    """What a worker of `record` will use for tool calls and thinking ({tool_format, thinking_start,
+    thinking_end}), worked out as the worker does: its flags (`_tool_flags`), and where they name none,
+    what it detects in the chat template it renders with (an operator's or the manifest's chat_template
+    override; without one the GGUF's own, which the scan already read). /api/show's capabilities and
+    the think / tools checks read this, so they agree with the worker."""
+    from ..toolcalls import detect
+    from ..toolcalls.reasoning import detect_thinking
+
+    out = _tool_flags(settings, record)
+    override = engine_options(settings, record).chat_template
+    if override:
+        if not out["tool_format"]:
+            out["tool_format"] = detect(override)["tool_format"]
+        if not (out["thinking_start"] and out["thinking_end"]):
+            out.update(detect_thinking(override))
+    return out
+
+
 def tool_argv(settings: Settings, record: Any) -> list[str]:
     """The worker's tool-call and thinking flags: the manifest's format and markers, the operator's
     format plugins, and the replay map's file under the model cache dir (or tool_replay_dir)."""
-    loader = dict(getattr(record, "loader", None) or {})
-    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
-    for key in ("tool_format", "thinking_start", "thinking_end"):
-        if getattr(mine, key) is not None:
-            loader[key] = getattr(mine, key)
+    loader = _tool_flags(settings, record)
     argv: list[str] = []
     if loader.get("tool_format"):
         argv += ["--tool-format", str(loader["tool_format"])]

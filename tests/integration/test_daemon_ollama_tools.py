@@ -62,3 +62,38 @@ async def test_chat_thinking_comes_back_as_message_thinking(qwen, tmp_path):
         assert r.message.thinking and "<think>" not in (r.message.content or "") and "</think>" not in r.message.thinking
         chunks = [x async for x in await c.chat(model="qwen", messages=[USER], options={"temperature": 0, "num_predict": 8}, stream=True)]
         assert "".join(x.message.thinking or "" for x in chunks) == r.message.thinking
+
+
+def _text_of(ids: list[int]) -> str:
+    """The tiny vocabulary's text of token ids: bytes, then the merges, then the special tokens (tinymodel.py)."""
+    from tinymodel import MERGES, SPECIALS
+
+    merged = [(a + b).replace("Ġ", " ") for a, b in MERGES]
+    out = b""
+    for t in ids:
+        out += bytes([t]) if t < 256 else (merged + SPECIALS)[t - 256].encode()
+    return out.decode("utf-8", "replace")
+
+
+async def test_generate_think_reaches_the_chat_templates_switches(qwen, tmp_path):
+    """/api/generate renders its turn with `think` as the template's switches (enable_thinking, reasoning_effort),
+    as /api/chat does, and splits the reply into thinking and response."""
+    from tinymodel import real_template
+
+    template = real_template("qwen2.5") + (
+        "{% if add_generation_prompt %}{% if reasoning_effort is defined %}effort={{ reasoning_effort }}\n{% endif %}"
+        "{% if enable_thinking is defined and enable_thinking %}<think>\n{% endif %}{% endif %}"
+    )
+    extra = (f"[models.\"qwen:latest\"]\nthinking_start = \"<think>\"\nthinking_end = \"</think>\"\n"
+             f"chat_template = '''{template}'''\n")  # fmt: skip
+    with Daemon(tmp_path, {"qwen": qwen}, n_seq_max=1, n_ctx=4096, threads=1, extra=extra) as d:
+        c = ollama.AsyncClient(host=d.url, timeout=120)
+        assert "thinking" in (await c.show("qwen")).capabilities
+        opts = {"temperature": 0, "num_predict": 8}
+        on = await c.generate(model="qwen", prompt="Weather in Paris?", think="low", options=opts)
+        # `context` holds the prompt's tokens, then the reply's: the switches reached the template
+        assert "<|im_start|>assistant\neffort=low\n<think>\n" in _text_of(on.context)
+        assert on.thinking and "<think>" not in on.response and "</think>" not in on.thinking
+        off = await c.generate(model="qwen", prompt="Weather in Paris?", think=False, options=opts)
+        after = _text_of(off.context).split("<|im_start|>assistant\n", 1)[1]
+        assert not after.startswith(("<think>", "effort=")) and not off.thinking
