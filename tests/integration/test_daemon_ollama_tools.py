@@ -37,10 +37,12 @@ async def test_chat_tool_calls_come_back_with_arguments_as_objects(qwen, tmp_pat
         r = await c._request(ollama.ChatResponse, "POST", "/api/chat", json=body)
         [call] = r.message.tool_calls
         assert call.function.name == "get_weather" and call.function.arguments["city"] in ("Paris", "Rome")
-        assert "<tool_call>" not in (r.message.content or "") and r.done_reason in ("stop", "length")
+        # the forced call is the turn: generation stops once it is complete (not at num_predict)
+        assert "<tool_call>" not in (r.message.content or "") and r.done_reason == "stop" and r.eval_count < 80
         chunks = [x async for x in await c._request(ollama.ChatResponse, "POST", "/api/chat", json={**body, "stream": True}, stream=True)]
         calls = [t for x in chunks for t in (x.message.tool_calls or [])]
         assert [t.function.name for t in calls] == ["get_weather"] and isinstance(calls[0].function.arguments, dict)
+        assert chunks[-1].done_reason == "stop"
         assert not any("<tool_call>" in (x.message.content or "") for x in chunks)
         # the next turn carries the call back (arguments as an object) and the tool's answer
         nxt = await c.chat(model="qwen", tools=TOOLS, options={"temperature": 0, "num_predict": 2}, messages=[

@@ -220,7 +220,7 @@ async def chat(request: Request) -> Response:
     )  # fmt: skip
     with_think(submit, req.think)
     try:
-        with_tool_choice(submit, req.tool_choice)
+        with_tool_choice(submit, req.tool_choice, req.parallel_tool_calls)
     except GatewayError as exc:
         return _rejected(request, API_CHAT, exc, p)
 

@@ -321,3 +321,17 @@ async def test_generate_renders_think_as_the_templates_switches(make_gateway, fa
         assert (await gw.client.post("/api/generate", json=body)).status_code == 200
         [render] = [c for c in fake_worker.calls if type(c).__name__ == "Render"][-1:]
         assert render.template_kwargs == switches
+
+
+@pytest.mark.parametrize("extra,parallel", [
+    ({"tool_choice": "required"}, False),  # a forced call is one call: the turn ends once it is complete
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, False),
+    ({"tool_choice": "required", "parallel_tool_calls": True}, True),  # ours: several forced calls
+    ({"tool_choice": "auto"}, True),
+    ({}, True),
+])  # fmt: skip
+async def test_a_forced_call_on_chat_is_one_call(tools_gateway, fake_worker, extra, parallel):
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": False, **extra}
+    r = await tools_gateway.client.post("/api/chat", json=body)
+    assert r.status_code == 200, r.text
+    assert fake_worker.submits[-1].parallel_tool_calls is parallel
