@@ -108,13 +108,29 @@ def tool_settings(settings: Settings, record: Any) -> dict:
     from ..toolcalls.reasoning import detect_thinking
 
     out = _tool_flags(settings, record)
-    override = engine_options(settings, record).chat_template
+    override = go_template(settings, record) or engine_options(settings, record).chat_template
     if override:
         if not out["tool_format"]:
             out["tool_format"] = detect(override)["tool_format"]
         if not (out["thinking_start"] and out["thinking_end"]):
             out.update(detect_thinking(override))
     return out
+
+
+def go_template(settings: Settings, record: Any) -> str | None:
+    """The Modelfile TEMPLATE (Go text/template) the model's worker renders with: one /api/create or /api/edit
+    set (template_format "go"), unless the operator configured a chat_template for the model, which wins."""
+    base = getattr(record, "base", None) or record  # a variant renders as its model does
+    text = getattr(base, "template", None)
+    if not text or getattr(base, "template_format", "") != "go":
+        return None
+    mine = settings.defaults.merged(settings.models.get(base.name))
+    return None if mine.chat_template else text
+
+
+def template_argv(settings: Settings, record: Any) -> list[str]:
+    text = go_template(settings, record)
+    return ["--go-template", text] if text else []
 
 
 def tool_argv(settings: Settings, record: Any) -> list[str]:

@@ -36,7 +36,7 @@ from .errors import GatewayError, WorkerCrashed, worker_unavailable
 from .fallbacks import FallbackStore
 from .link import WorkerLink
 from .logging import make_logger
-from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, slug, tool_argv, worker_argv
+from .process import WorkerProcess, default_command, engine_options, ipc_endpoint, slug, template_argv, tool_argv, worker_argv
 from .residency import Residency
 from .variants import is_variant, variant_options, with_overrides
 
@@ -350,6 +350,7 @@ class ModelManager:
         run_dir.mkdir(parents=True, exist_ok=True)
         endpoint = ipc_endpoint(run_dir, record.name)
         argv = worker_argv(self.command, endpoint, record, opts, profile) + tool_argv(self.settings, record)
+        argv += template_argv(self.settings, record)
         argv += ["--kv-dir", str(self.settings.kv_dir() / slug(record.name))]
         proc = WorkerProcess(record.name, argv, self.log)
         spawned = time.monotonic()

@@ -34,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--chat-template", default=None, help="a built-in template name or Jinja text")
+    p.add_argument("--go-template", default=None,
+                   help="an Ollama (Go text/template) model template, a Modelfile's TEMPLATE: rendered instead of --chat-template")
     p.add_argument("--n-gpu-layers", type=int, default=None, help="layers to offload (-1 = all); needs a GPU build")
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
@@ -131,7 +133,8 @@ def main(argv=None) -> int:
         engine = build_engine(args, profile.extra_buffers)
         bos = engine.token_text(getattr(engine, "bos", -1)) if hasattr(engine, "bos") else ""
         eos = engine.token_text(getattr(engine, "eos", -1)) if hasattr(engine, "eos") else ""
-        template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos)
+        template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos,
+                                       go_template=args.go_template)  # fmt: skip
         tools = tools_from_args(args, engine, template, _log)
     except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)

@@ -275,3 +275,22 @@ def test_tool_flags_from_the_manifest_and_the_operators_hand(tmp_path):
     flags = dict(zip(*[iter(tool_argv(by_hand, record))] * 2))
     assert (flags["--tool-format"], flags["--thinking-start"], flags["--thinking-end"]) == ("angle", "<t>", "</t>")
     assert flags["--tool-replay-path"] == str(tmp_path / "r" / "q-1.sqlite")
+
+
+def test_a_modelfile_template_goes_to_the_worker_unless_the_operator_set_a_chat_template(tmp_path):
+    from dataclasses import dataclass
+
+    from barrel_inference.gateway.process import template_argv, tool_settings
+
+    @dataclass
+    class Created(StubRecord):
+        template: str | None = None
+        template_format: str = ""
+
+    go = "{{ range .Messages }}<tool_call>{{ .Content }}{{ end }}"
+    settings = Settings(model_cache_dir=str(tmp_path))
+    assert template_argv(settings, Created("m:1", template=go, template_format="go")) == ["--go-template", go]
+    assert template_argv(settings, Created("m:1", template=go)) == []  # a pulled model's template: shown, not rendered
+    assert tool_settings(settings, Created("m:1", template=go, template_format="go"))["tool_format"] == "qwen-xml"
+    mine = Settings(model_cache_dir=str(tmp_path), models={"m:1": ModelSettings(chat_template="chatml")})
+    assert template_argv(mine, Created("m:1", template=go, template_format="go")) == []  # the operator's wins
