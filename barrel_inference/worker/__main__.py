@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
     p.add_argument("--curve-clients", default=None, metavar="DIR", help="directory of the gateways' public keys (*.key) admitted")
     p.add_argument("--insecure", action="store_true", help="allow a tcp:// bind without CURVE keys")
+    p.add_argument("--cpu-affinity", default=None, metavar="CORES",
+                   help="pin the worker to these CPU cores (0-7, 0-3,8-11) before the model loads; its default "
+                        "thread count is then their number")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
@@ -79,6 +82,17 @@ def _log(event: str, **fields) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def pin_cores(spec: str) -> set[int]:
+    """Pin this process (and the threads it starts later) to the cores of `spec` ("0-3,8")."""
+    from ..devices import parse_cores
+
+    cores = set(parse_cores(spec))
+    if not hasattr(os, "sched_setaffinity"):
+        raise OSError("this platform cannot pin a process to cores (no sched_setaffinity)")
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
 def build_engine(args, extra_buffers: bool):
@@ -124,6 +138,13 @@ def main(argv=None) -> int:
     from .warmup import warm_up
 
     t0 = time.perf_counter()
+    if args.cpu_affinity:
+        try:
+            pin_cores(args.cpu_affinity)
+        except (ValueError, OSError) as exc:
+            _log("worker_failed", error=f"--cpu-affinity {args.cpu_affinity}: {exc}", model=args.model_name)
+            return 2
+        _log("cpu_affinity", model=args.model_name, cores=args.cpu_affinity)
     profile = resolve(args.engine_profile, args.extra_buffers)
     _log("engine_profile", model=args.model_name, profile=profile.name, extra_buffers=profile.extra_buffers,
          reason=profile.reason)  # fmt: skip

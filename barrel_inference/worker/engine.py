@@ -156,6 +156,14 @@ class Sampler:
                 setattr(self, name, None)
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, e.g. a replica pinned to a core set), else all."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class LlamaEngine:
     """Model + context + batch. Not thread-safe except tokenize/detokenize (vocab is read-only).
 
@@ -207,7 +215,7 @@ class LlamaEngine:
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
-        self.threads = threads or max(1, os.cpu_count() or 1)
+        self.threads = threads or usable_cpus()
         self.architecture = self.meta("general.architecture") or "unknown"
         self.n_swa = L.llama_model_n_swa(self.model) if hasattr(L, "llama_model_n_swa") else 0
         self.bos = L.llama_vocab_bos(self.vocab)
