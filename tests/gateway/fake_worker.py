@@ -288,8 +288,7 @@ async def _main(argv: list[str]) -> int:
         seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
         seen["cores"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         with open(args.env_file, "a") as f:
-            f.write(json.dumps({"bind": args.bind, **seen}) + "
-")
+            f.write(json.dumps({"bind": args.bind, **seen}) + "\n")
     if args.fail_start:
         # free text another client's request may have put in the log, then the worker's typed failure
         print("fake worker: request req-other prompt 'secret text of another client'", file=sys.stderr, flush=True)
