@@ -99,3 +99,19 @@ async def test_a_killed_replica_is_replaced_while_the_other_serves(daemon):
         assert reps[0]["alive"] and reps[0]["pid"] not in (victim, reps[1]["pid"]) and reps[0]["restarts"] == 1
         assert reps[1]["restarts"] == 0
     assert [e.get("replica") for e in daemon.events("worker_died")] == [0]
+
+
+def test_bictl_ps_shows_the_replicas(daemon):
+    from click.testing import CliRunner
+
+    from barrel_inference.cli.main import main
+
+    r = CliRunner().invoke(main, ["ps"], env={"BARREL_INFERENCE_HOST": daemon.url}, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("tiny:latest") and lines[1].split()[6:8] == ["2048", "4"]  # SEQS: 2 sequences x 2 replicas
+    at = lines.index("") + 1
+    assert lines[at].split() == ["NAME", "REPLICA", "STATE", "PID", "DEVICE", "IN", "FLIGHT", "ROUTED", "CACHED"]
+    rows = [line.split() for line in lines[at + 1 :]]
+    assert [row[:3] for row in rows] == [["tiny:latest", "0", "up"], ["tiny:latest", "1", "up"]]
+    assert all(row[3].isdigit() for row in rows)
