@@ -43,6 +43,7 @@ def short_tmp():
 
 def manager(tmp: Path, *extra: str, replicas: int = 2, devices=None, routing=None, **kw) -> tuple[ModelManager, LogCapture]:
     ms = ModelSettings(replicas=replicas, devices=devices, routing=routing)
+    kw.setdefault("worker_start_timeout", 30.0)  # several processes start at once on a busy machine
     settings = make_settings(tmp, None, models={MODEL: ms}, **kw)
     logs = LogCapture(settings)
     m = ModelManager(settings, StubRegistry(StubRecord(MODEL)), logger=logs.logger, worker_command=FAKE_CMD, extra_args=extra)
@@ -87,8 +88,8 @@ def long_question(k: int) -> str:
 
 
 async def test_replicas_are_processes_with_their_devices(short_tmp):
-    env_file = short_tmp / "env.jsonl"
-    m, logs = manager(short_tmp, "--env-file", str(env_file), devices=["cpu:0", "gpu:3"])
+    env_file, argv_file = short_tmp / "env.jsonl", short_tmp / "argv.txt"
+    m, logs = manager(short_tmp, "--env-file", str(env_file), "--argv-file", str(argv_file), devices=["cpu:0", "gpu:3"])
     try:
         h = await m.get(MODEL)
         assert len(h) == 2 and len(h.live()) == 2
@@ -100,6 +101,10 @@ async def test_replicas_are_processes_with_their_devices(short_tmp):
         assert first["cores"] == [0] and first["CUDA_VISIBLE_DEVICES"] is None  # pinned to core 0, no GPU env
         assert second["CUDA_VISIBLE_DEVICES"] == "3" and second["HIP_VISIBLE_DEVICES"] == "3"
         assert os.sched_getaffinity(pids[0]) == {0}
+        argvs = sorted(argv_file.read_text().splitlines(), key=lambda a: "-r1" in a)
+        kv_dirs = [a.split()[a.split().index("--kv-dir") + 1] for a in argvs]
+        assert [Path(d).name for d in kv_dirs] == ["fake-latest", "fake-latest-r1"]  # a KV disk tier each
+        assert "--cpu-affinity 0" in argvs[0] and "--cpu-affinity" not in argvs[1]
         assert h.hello.n_seq_max == 8  # the admission queue runs both replicas' sequences
         [info] = m.running()  # one entry for the model
         assert info.n_seq_max == 8 and info.size == 2 * 1234  # each replica a full copy
@@ -347,3 +352,36 @@ async def test_app_shows_replicas_in_ps_stats_and_metrics(short_tmp):
             assert 'barrel_inference_routed_requests_total{model="fake:latest",reason="affinity",replica=' in text
         finally:
             await m.aclose()
+
+
+async def test_routing_changes_on_reload_without_a_restart(short_tmp):
+    import msgspec
+
+    m, _ = manager(short_tmp)
+    try:
+        h = await m.get(MODEL)
+        pids = [r.process.pid for r in h.replicas]
+        m.settings.models[MODEL] = msgspec.structs.replace(m.settings.models[MODEL], routing="round_robin")
+        assert m.reconfigure() == []
+        assert h.router.policy == "round_robin" and (await m.get(MODEL)) is h
+        assert [r.process.pid for r in h.replicas] == pids
+        m.settings.models[MODEL] = msgspec.structs.replace(m.settings.models[MODEL], replicas=3)
+        assert m.reconfigure() == [MODEL]  # a new replica count restarts the model (it is idle: at once)
+        h3 = await m.get(MODEL)
+        assert h3 is not h and len(h3.live()) == 3
+    finally:
+        await m.aclose()
+
+
+async def test_the_memory_budget_counts_every_replica(short_tmp):
+    settings = make_settings(short_tmp, None, models={"a:latest": ModelSettings(replicas=2)}, max_loaded_bytes=3000,
+                             worker_start_timeout=30.0)  # fmt: skip
+    m = ModelManager(settings, StubRegistry(StubRecord("a:latest"), StubRecord("b:latest")),
+                     logger=LogCapture(settings).logger, worker_command=FAKE_CMD)  # fmt: skip
+    try:
+        a = await m.get("a")
+        assert len(a.live()) == 2  # 2 x 1234 bytes fit in 3000
+        await m.get("b")  # 1234 more do not: a goes, although one copy of each would fit
+        assert [info.name for info in m.running()] == ["b:latest"]
+    finally:
+        await m.aclose()

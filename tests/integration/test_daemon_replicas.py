@@ -115,3 +115,6 @@ def test_bictl_ps_shows_the_replicas(daemon):
     rows = [line.split() for line in lines[at + 1 :]]
     assert [row[:3] for row in rows] == [["tiny:latest", "0", "up"], ["tiny:latest", "1", "up"]]
     assert all(row[3].isdigit() for row in rows)
+    import ollama  # the Ollama client still reads /api/ps: one entry per model
+
+    assert [m.model for m in ollama.Client(host=daemon.url).ps().models] == ["tiny:latest"]
