@@ -348,6 +348,7 @@ async def test_app_shows_replicas_in_ps_stats_and_metrics(short_tmp):
             text = (await c.get("/metrics")).text
             for replica in ("0", "1"):
                 assert f'barrel_inference_replica_in_flight{{model="fake:latest",replica="{replica}"}} 0.0' in text
+                assert f'barrel_inference_replica_waiting{{model="fake:latest",replica="{replica}"}} 0.0' in text
                 assert f'barrel_inference_worker_load_seconds{{model="fake:latest",replica="{replica}"}}' in text
             assert 'barrel_inference_routed_requests_total{model="fake:latest",reason="affinity",replica=' in text
         finally:

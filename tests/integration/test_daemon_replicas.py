@@ -80,6 +80,7 @@ async def test_two_replica_processes_serve_and_a_conversation_sticks(daemon):
             assert f'barrel_inference_sequences{{model="tiny:latest",replica="{replica}",state="free"}} 2.0' in text
     routed = [e for e in daemon.events("request") if e.get("route")]
     assert [e["route"] for e in routed[-2:]] == ["affinity", "affinity"]
+    assert sorted(e["replica"] for e in routed[-2:]) == [0, 1]  # the log line names the replica that served it
 
 
 async def test_a_killed_replica_is_replaced_while_the_other_serves(daemon):
