@@ -190,9 +190,11 @@ async def run(args) -> dict:
     model_name, model_path = prepare_model(args.model, cache)
     count = token_counter(model_path)
     system = system_prompt(args.system_tokens, count)
-    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel)
+    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
+                          flash_attn=args.flash_attn)
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
+                        "flash_attn": args.flash_attn,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -235,6 +237,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
     p.add_argument("--start-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
