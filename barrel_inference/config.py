@@ -54,6 +54,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # llama.cpp's flash attention: "auto" (llama.cpp's choice: on where the device supports it),
+    # "on" or "off". Off costs prefill speed, but saved KV states then restore bit-exactly at any
+    # length on sliding-window models (Gemma 3), so the RAM / disk tiers keep long conversations
+    flash_attn: Literal["auto", "on", "off"] | None = None
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
@@ -89,7 +93,8 @@ RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key"
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
-    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000,
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", flash_attn="auto",
+    queue_timeout_ms=60_000,
     max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30, replicas=1, routing="affinity",
 )  # fmt: skip
 

@@ -50,6 +50,7 @@ _FLAGS = {
     "kv_ram_bytes": "--kv-ram-bytes",
     "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
+    "flash_attn": "--flash-attn",
 }
 
 
