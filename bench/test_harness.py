@@ -137,3 +137,28 @@ def test_cpu_profiles_reports_a_crash_by_its_signal_and_reads_a_run(tmp_path):
     assert run_one(str(crash), "m.gguf", True, 2, 30) == {"error": "crash (signal 11, SIGSEGV)"}
     assert run_one(str(ok), "m.gguf", False, 2, 30, {"LLAMA_CPP_LIB_PATH": "/opt/x"}) == {"decode_tok_s": 40.5, "lib": "/opt/x"}
     assert run_one(str(failing), "m.gguf", False, 2, 30) == {"error": "exit 1: ImportError: no llama_cpp"}
+
+
+def test_kv_long_prompt_workload_gets_a_server_with_a_slot_for_every_request(monkeypatch):
+    """(d) needs 3 retained + 4 streams + the long prompt: with fewer slots the long prompt would
+    wait for a stream to end, and the figure would measure decode speed instead of prefill."""
+    import asyncio as aio
+
+    from bench import kv, systems
+
+    args = kv.parse_args(["--workloads", "a,d", "--parallel", "4"])
+    assert args.d_parallel == 8
+    assert kv.parse_args(["--d-parallel", "12"]).d_parallel == 12
+    started: list[tuple[int, list[str]]] = []
+
+    async def fake_workloads(server, _args, _count, _system, which, out):
+        started.append((server.parallel, list(which)))
+
+    monkeypatch.setattr(kv, "_workloads", fake_workloads)
+    shape = systems.Shape(model_path="m.gguf", parallel=4)
+    aio.run(kv.measure("llama-server", lambda sh: sh, shape, args, None, "", None))
+    assert started == [(4, ["a"]), (8, ["d"])]
+    started.clear()
+    args = kv.parse_args(["--workloads", "a,d", "--parallel", "8"])
+    aio.run(kv.measure("llama-server", lambda sh: sh, systems.Shape(model_path="m.gguf", parallel=8), args, None, "", None))
+    assert started == [(8, ["a", "d"])]

@@ -50,6 +50,7 @@ _FLAGS = {
     "kv_ram_bytes": "--kv-ram-bytes",
     "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
+    "flash_attn": "--flash-attn",
 }
 
 
@@ -159,14 +160,21 @@ def slug(name: str) -> str:
 IPC_PATH_MAX = 100  # sockaddr_un paths hold 107 bytes on Linux, 103 on macOS
 
 
-def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str) -> str:
-    """`ipc://{run_dir}/{slug}.sock`, with the slug shortened (and hashed) where the path would be too long."""
+def replica_slug(name: str, replica: int = 0) -> str:
+    """The file-name stem of a model's worker: `slug`, with `-r{n}` for replicas after the first."""
+    return slug(name) + (f"-r{replica}" if replica else "")
+
+
+def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str, replica: int = 0) -> str:
+    """`ipc://{run_dir}/{slug}.sock` (replica n > 0: `{slug}-r{n}.sock`), with the slug shortened (and
+    hashed) where the path would be too long."""
     base = str(run_dir).rstrip("/")
-    path = f"{base}/{slug(name)}.sock"
+    suffix = f"-r{replica}" if replica else ""
+    path = f"{base}/{slug(name)}{suffix}.sock"
     if len(path.encode()) > IPC_PATH_MAX:
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-        room = max(0, IPC_PATH_MAX - len(base.encode()) - len(digest) - 7)
-        path = f"{base}/{slug(name)[:room]}-{digest}.sock"
+        room = max(0, IPC_PATH_MAX - len(base.encode()) - len(digest) - len(suffix) - 7)
+        path = f"{base}/{slug(name)[:room]}-{digest}{suffix}.sock"
     return "ipc://" + path
 
 
@@ -177,9 +185,11 @@ def default_command() -> list[str]:
 class WorkerProcess:
     """One spawned worker: its output goes to the gateway's log; `wait` ends when it exits."""
 
-    def __init__(self, name: str, argv: list[str], logger: Any) -> None:
+    def __init__(self, name: str, argv: list[str], logger: Any, env: dict[str, str] | None = None, replica: int | None = None) -> None:
         self.name = name
         self.argv = argv
+        self.env = dict(env or {})  # set over the gateway's environment (a replica's device)
+        self.replica = replica  # its index among the model's replicas (None: the model's only worker)
         self._log = logger
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task | None = None
@@ -201,11 +211,11 @@ class WorkerProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             start_new_session=True,  # a Ctrl-C at the terminal reaches the gateway, which stops workers in order
         )
         self._pump = asyncio.create_task(self._pump_output(), name=f"worker-output-{self.name}")
-        self._log.info("worker_started", model=self.name, pid=self._proc.pid)
+        self._log.info("worker_started", model=self.name, pid=self._proc.pid, **self._replica_field())
 
     async def wait(self) -> int:
         assert self._proc is not None
@@ -240,6 +250,9 @@ class WorkerProcess:
         else:
             how = f"exited with code {rc}"
         return f"worker for {self.name} {how}{when}" + (f": {self.failure}" if self.failure else "")
+
+    def _replica_field(self) -> dict:
+        return {"replica": self.replica} if self.replica is not None else {}
 
     def last_output(self, n: int = 5) -> list[str]:
         """The worker's last lines of output, for the server log only."""
@@ -294,8 +307,9 @@ class WorkerProcess:
             level = str(rec.pop("level", "error" if "error" in rec else "info")).lower()
             rec.pop("model", None)
             fields = {k if k not in ("pid",) else "worker_pid": v for k, v in rec.items()}
+            fields.update(self._replica_field())
             getattr(self._log, level if level in ("debug", "info", "warning", "error") else "info")(
                 event, model=self.name, source="worker", **fields
             )
         else:
-            self._log.info("worker_output", model=self.name, source="worker", line=line)
+            self._log.info("worker_output", model=self.name, source="worker", line=line, **self._replica_field())

@@ -160,6 +160,7 @@ class FakeWorker:
     def call(self, msg):
         if isinstance(msg, GetStats):
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
+                                                 "submit_ids": [s.id for s in self.submits][-64:], "pid": os.getpid(),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, CountTokens):
             return CountResult(id=msg.id, count=prompt_size(msg.messages or [], msg.tools) if msg.messages is not None
@@ -275,6 +276,8 @@ async def _main(argv: list[str]) -> int:
     p.add_argument("--argv-file", default=None, help="write the command line here (tests check the flags)")
     p.add_argument("--pid-file", default=None)
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a stuck worker)")
+    p.add_argument("--cpu-affinity", default=None, help="pin to these cores, as the real worker does")
+    p.add_argument("--env-file", default=None, help="write the device environment and the affinity here (JSON)")
     args, _rest = p.parse_known_args(argv)
     if args.argv_file:
         with open(args.argv_file, "a") as f:
@@ -282,6 +285,15 @@ async def _main(argv: list[str]) -> int:
     if args.pid_file:
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
+    if args.cpu_affinity:
+        from barrel_inference.worker.__main__ import pin_cores
+
+        pin_cores(args.cpu_affinity)
+    if args.env_file:
+        seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+        seen["cores"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        with open(args.env_file, "a") as f:
+            f.write(json.dumps({"bind": args.bind, **seen}) + "\n")
     if args.fail_start:
         # free text another client's request may have put in the log, then the worker's typed failure
         print("fake worker: request req-other prompt 'secret text of another client'", file=sys.stderr, flush=True)

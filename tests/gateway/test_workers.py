@@ -83,6 +83,10 @@ def test_worker_argv_and_slug():
     argv = worker_argv(["python", "-m", "w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), opts)
     assert argv == ["python", "-m", "w", "--bind", "ipc:///r/a.sock", "--model-path", "/m.gguf", "--model-name", "a:b",
                     "--n-seq-max", "2", "--n-ctx", "1024", "--chat-template", "chatml"]  # fmt: skip
+    fa = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(flash_attn="off"))
+    assert fa[-2:] == ["--flash-attn", "off"]
+    assert engine_options(Settings(), StubRecord("x:1")).flash_attn == "auto"
+    assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"
     long_a, long_b = ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q4"), ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q5")

@@ -6,6 +6,8 @@ import datetime as dt
 import json
 from typing import Any
 
+import msgspec
+
 from ...registry.layout import bare_hex
 
 FOREVER = "2318-01-01T00:00:00Z"  # what a model without an unload deadline reports as expires_at
@@ -172,4 +174,6 @@ def ps_item(info: Any) -> dict:
             "reason": getattr(info, "engine_reason", "") or None,
             "weight_buffers": list(getattr(info, "weight_buffers", None) or []),
         },
+        # one entry per replica of the model (pid, device, in flight, routed requests, cache figures)
+        "replicas": [msgspec.to_builtins(r) for r in getattr(info, "replicas", None) or []],
     }
