@@ -157,7 +157,7 @@ async def _workloads(server: systems.Server, args, count, system: str, which: li
                     log(json.dumps(fig))
             if "d" in which:
                 log(f"(d) long prompt with retained caches ({args.d_parallel} sequences)")
-                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens)
+                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens, retained=args.retained)
                 log(json.dumps(out["d"]))
     finally:
         server.stop()
@@ -191,10 +191,10 @@ async def run(args) -> dict:
     count = token_counter(model_path)
     system = system_prompt(args.system_tokens, count)
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
-                          flash_attn=args.flash_attn)
+                          flash_attn=args.flash_attn, prefill_chunk=args.prefill_chunk)
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
-                        "flash_attn": args.flash_attn,
+                        "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -237,6 +237,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
     p.add_argument("--start-timeout", type=float, default=300.0)
@@ -244,7 +246,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.systems = [s for s in args.systems.split(",") if s]
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.interleave = [int(x) for x in args.interleave.split(",") if x]
-    args.d_parallel = d_parallel(args.d_parallel)
+    args.d_parallel = d_parallel(args.d_parallel, args.retained)
     return args
 
 
