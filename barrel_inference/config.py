@@ -54,6 +54,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # llama.cpp's extra buffer types (CPU weight repacking, AMX layouts): "auto" (off on CPUs with
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
+    # llama.cpp's flash attention: "auto" (llama.cpp's choice: on where the device supports it),
+    # "on" or "off". Off costs prefill speed, but saved KV states then restore bit-exactly at any
+    # length on sliding-window models (Gemma 3), so the RAM / disk tiers keep long conversations
+    flash_attn: Literal["auto", "on", "off"] | None = None
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
@@ -64,6 +68,16 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
+    # replicas: worker processes of this model, each a full copy of it in memory, among which its
+    # requests are routed (gateway/routing.py); devices: one entry per replica (a GPU id for
+    # CUDA_VISIBLE_DEVICES, or a CPU core set "0-7" / "cpu:0-7" the worker is pinned to; see devices.py);
+    # endpoints: replicas that run elsewhere (tcp://...), one per entry, instead of spawned ones;
+    # routing: "affinity" (the replica that holds the prompt's prefix or the session, else the least
+    # loaded), "least_loaded" or "round_robin"
+    replicas: int | None = None
+    devices: list[str] | None = None
+    endpoints: list[str] | None = None
+    routing: Literal["affinity", "round_robin", "least_loaded"] | None = None
 
     def merged(self, over: "ModelSettings | None") -> "ModelSettings":
         if over is None:
@@ -79,8 +93,9 @@ RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key"
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
-    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", queue_timeout_ms=60_000,
-    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30,
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", flash_attn="auto",
+    queue_timeout_ms=60_000,
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30, replicas=1, routing="affinity",
 )  # fmt: skip
 
 # Claude Code's per-request attribution line: a system-prompt line whose hash changes every request
@@ -94,6 +109,17 @@ class ApiKey(msgspec.Struct, forbid_unknown_fields=True):
     families: list[str] = []  # the API families it may use ("openai", "anthropic", "ollama"); empty: all
     admin: bool = False  # management routes (pull, delete, create, copy, edit, unload) need an admin key
     name: str = ""  # for the operator (logs); never compared
+    # the models it may use: registry names, aliases or fnmatch patterns ("qwen*"); a name without a
+    # tag also allows its ":latest"; empty: every model. Another model gets 403 (Anthropic: permission_error)
+    models: list[str] = []
+
+
+class AnthropicKey(msgspec.Struct, forbid_unknown_fields=True):
+    """An `anthropic_api_keys` entry in table form, to restrict the models the key may use."""
+
+    key: str
+    models: list[str] = []
+    name: str = ""
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -111,8 +137,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     # that family's envelope; management routes then need an admin key; /health stays open
     api_keys: list[ApiKey] = []
     metrics_require_key: bool = False  # true: GET /metrics needs a key too (once any key is configured)
-    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer)
-    anthropic_api_keys: list[str] = []
+    # shorthand: keys for the Anthropic routes only (x-api-key or Authorization: Bearer): a string, or
+    # { key = "...", models = ["claude-*", "qwen:7b"] } for a key that may use those models only
+    anthropic_api_keys: list[str | AnthropicKey] = []
     # the operator's settings for every model, then per-model ones keyed by registry name;
     # what neither sets comes from the model (its manifest) or, last, BUILTIN_MODEL_SETTINGS
     defaults: ModelSettings = msgspec.field(default_factory=ModelSettings)
@@ -169,6 +196,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     max_header_bytes: int = 65536
     run_num_predict: int = 1024  # `bictl run`: tokens per answer unless --max-tokens (0: no cap)
 
+    def __post_init__(self) -> None:
+        for where, ms in [("defaults", self.defaults), *((f'models."{n}"', m) for n, m in self.models.items())]:
+            check_replicas(where, ms if where == "defaults" else self.defaults.merged(ms), ms)
+
     # ---- reload ---------------------------------------------------------------------
     def apply_reload(self, fresh: "Settings") -> list[str]:
         """Take the keys that may change without a restart (RELOADABLE) from `fresh`; the names that changed.
@@ -186,7 +217,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     # ---- derived --------------------------------------------------------------------
     def all_api_keys(self) -> list[ApiKey]:
         """api_keys, then anthropic_api_keys as keys for the Anthropic family."""
-        return [*self.api_keys, *(ApiKey(key=k, families=["anthropic"]) for k in self.anthropic_api_keys)]
+        return [*self.api_keys, *(
+            ApiKey(key=k, families=["anthropic"]) if isinstance(k, str)
+            else ApiKey(key=k.key, families=["anthropic"], models=list(k.models), name=k.name)
+            for k in self.anthropic_api_keys
+        )]  # fmt: skip
 
     def cache_dir(self) -> Path:
         if self.model_cache_dir:
@@ -219,6 +254,39 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
 
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+def check_replicas(where: str, merged: ModelSettings, own: ModelSettings) -> None:
+    """ValueError naming the key when a section's replicas / devices / endpoints do not fit together
+    (`merged`: the section over [defaults], as a worker would get it; `own`: what the section says)."""
+    from .devices import parse_device
+
+    replicas = merged.replicas
+    if replicas is not None and replicas < 1:
+        raise ValueError(f"{where}.replicas must be at least 1 (got {replicas})")
+    n = replicas or 1
+    for i, device in enumerate(own.devices or []):
+        try:
+            parse_device(device)
+        except ValueError as exc:
+            raise ValueError(f"{where}.devices[{i}]: {exc}") from None
+    if merged.endpoints is not None:
+        if not merged.endpoints or not all(isinstance(e, str) and "://" in e for e in merged.endpoints):
+            raise ValueError(f"{where}.endpoints must list worker endpoints such as \"tcp://host:7601\", one per replica")
+        if merged.endpoint:
+            raise ValueError(f"{where}: set endpoint (one worker) or endpoints (replicas), not both")
+        if merged.devices:
+            raise ValueError(f"{where}.devices apply to workers the gateway starts; replicas at endpoints choose their own")
+        if replicas is not None and own.replicas is not None and replicas != len(merged.endpoints):
+            raise ValueError(f"{where}.replicas = {replicas} but endpoints lists {len(merged.endpoints)}: one endpoint per replica")
+        return
+    if merged.endpoint and n > 1:
+        raise ValueError(f"{where}.replicas = {n} with a single endpoint: list the replicas' workers in endpoints = [...]")
+    if merged.devices and len(merged.devices) != n:
+        raise ValueError(
+            f"{where}.devices has {len(merged.devices)} entries but replicas = {n}: give one device per replica, "
+            f"or none"
+        )
 
 
 def parse_host(value: str) -> tuple[str, int | None]:

@@ -122,7 +122,11 @@ def kv_selftest_text(test: dict | None) -> str:
     probes = ", ".join(f"{p['tokens']} tokens {'exact' if p['exact'] else 'off by %.3g' % p['max_abs_diff']}" for p in test.get("probes", []))
     limit = test.get("exact_up_to")
     verdict = "exact" if limit is None else ("not exact: tiers off" if limit == 0 else f"exact up to {limit} tokens (longer states recomputed)")
-    return f"{verdict} ({probes})"
+    fa = test.get("flash_attn")
+    hint = f"; flash_attn {fa}" if fa else ""
+    if limit is not None and fa and fa != "off":
+        hint += " (flash_attn = \"off\" makes restores exact on sliding-window models, at some prefill speed)"
+    return f"{verdict} ({probes}{hint})"
 
 
 def render_text(report: dict) -> str:

@@ -8,8 +8,11 @@
     against the single-conversation figure of (a);
 (c) ours only: a conversation's next turn after a daemon restart (its state restored from the disk
     tier) against the same prompt after a restart with the tier emptied (a cold prefill);
-(d) a ~2,000-token prompt arriving while streams decode, after three ~2,000-token conversations
-    left their caches behind: its TTFT.
+(d) a ~2,000-token prompt arriving while 4 streams decode, after three ~2,000-token conversations
+    left their caches behind: its TTFT. It runs on a server of its own with enough sequences / slots
+    for all of them (`--d-parallel`, default 8 = 3 retained + 4 streams + the long prompt), so the
+    long prompt never waits for a free slot: what it measures is its prefill beside the retained
+    caches and the running streams, not how soon a stream ends.
 Every system gets the same model, threads and per-sequence context; prints figures and writes
 them to the run's work directory.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -79,13 +83,23 @@ async def interleaved(client: LoadClient, system: str, *, n_conv: int, turns: in
     }
 
 
+D_STREAMS = 4  # (d): streams decoding while the long prompt arrives
+
+
 async def long_prompt_with_retained(client: LoadClient, count, *, long_tokens: int, retained: int = 3) -> dict:
     """(d) `retained` conversations of ~long_tokens leave their caches; then a long prompt arrives during decode."""
     for k in range(retained):
         messages = [{"role": "user", "content": workloads.long_prompt(100 + k, long_tokens, count)}]
         await _turn(client, messages, 8, f"retained-{k}")
-    fig = await workloads.long_prompt_during_decode(client, [workloads.long_prompt(200, long_tokens, count)])
+    fig = await workloads.long_prompt_during_decode(
+        client, [workloads.long_prompt(200, long_tokens, count)], background=D_STREAMS
+    )
     return {"retained_conversations": retained, "long_ttft_ms": fig["long_ttft_ms_p50"], "max_gap_ms": fig["max_gap_ms"]}
+
+
+def d_parallel(requested: int, retained: int = 3) -> int:
+    """(d)'s sequences / slots: at least the retained conversations + the streams + the long prompt."""
+    return max(requested, retained + D_STREAMS + 1)
 
 
 async def restore_after_restart(server: systems.Server, kv_dir: Path, system: str, *, max_tokens: int) -> dict:
@@ -121,17 +135,8 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
     return {"turn1": first, "restored": warm, "cold": cold, "disk_hits": hits.get("disk"), "cold_over_restored": ratio}
 
 
-async def measure(name: str, server: systems.Server, args, count, system: str, kv_dir: Path | None) -> dict:
-    out: dict = {}
-    if "c" in args.workloads and name == "ours":
-        log("(c) restore after a restart")
-        out["c"] = await restore_after_restart(server, kv_dir, system, max_tokens=args.max_tokens)
-        log(json.dumps(out["c"]))
-    rest = [w for w in args.workloads if w in "abd"]
-    if not rest:
-        return out
-    if kv_dir is not None:
-        shutil.rmtree(kv_dir, ignore_errors=True)  # every workload starts cold
+async def _workloads(server: systems.Server, args, count, system: str, which: list[str], out: dict) -> None:
+    """Run the workloads in `which` (a, b, d) on one fresh start of server."""
     server.proc = None
     server.start()
     try:
@@ -139,23 +144,42 @@ async def measure(name: str, server: systems.Server, args, count, system: str, k
         async with LoadClient(server.base_url, server.model_id) as client:
             if server.stats_path:
                 await client.get_json(server.stats_path)
-            if "a" in rest:
+            if "a" in which:
                 log("(a) one conversation")
                 out["a"] = await one_conversation(client, system, turns=args.turns, max_tokens=args.max_tokens)
                 log(json.dumps({k: v for k, v in out["a"].items() if k != "turns"}) + " " + str([t["ttft_ms"] for t in out["a"]["turns"]]))
-            if "b" in rest:
+            if "b" in which:
                 out["b"] = []
                 for n_conv in args.interleave:
                     log(f"(b) {n_conv} conversations interleaved")
                     fig = await interleaved(client, system, n_conv=n_conv, turns=args.turns, max_tokens=args.max_tokens)
                     out["b"].append(fig)
                     log(json.dumps(fig))
-            if "d" in rest:
-                log("(d) long prompt with retained caches")
-                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens)
+            if "d" in which:
+                log(f"(d) long prompt with retained caches ({args.d_parallel} sequences)")
+                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens, retained=args.retained)
                 log(json.dumps(out["d"]))
     finally:
         server.stop()
+
+
+async def measure(name: str, make_server, shape: systems.Shape, args, count, system: str, kv_dir: Path | None) -> dict:
+    out: dict = {}
+    if "c" in args.workloads and name == "ours":
+        log("(c) restore after a restart")
+        out["c"] = await restore_after_restart(make_server(shape), kv_dir, system, max_tokens=args.max_tokens)
+        log(json.dumps(out["c"]))
+    ab = [w for w in args.workloads if w in "ab"]
+    if "d" in args.workloads and args.d_parallel == shape.parallel:
+        ab.append("d")
+    if ab:
+        if kv_dir is not None:
+            shutil.rmtree(kv_dir, ignore_errors=True)  # every workload starts cold
+        await _workloads(make_server(shape), args, count, system, ab, out)
+    if "d" in args.workloads and "d" not in ab:
+        if kv_dir is not None:
+            shutil.rmtree(kv_dir, ignore_errors=True)
+        await _workloads(make_server(dataclasses.replace(shape, parallel=args.d_parallel)), args, count, system, ["d"], out)
     return out
 
 
@@ -166,23 +190,30 @@ async def run(args) -> dict:
     model_name, model_path = prepare_model(args.model, cache)
     count = token_counter(model_path)
     system = system_prompt(args.system_tokens, count)
-    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel)
+    shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
+                          flash_attn=args.flash_attn, prefill_chunk=args.prefill_chunk)
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
-                        "ctx_per_seq": args.ctx, "parallel": args.parallel, "turns": args.turns,
-                        "command": "python -m bench.kv " + " ".join(sys.argv[1:]), "logs": str(work)},
+                        "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
+                        "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
+                        "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
+                        "logs": str(work)},
                "systems": {}}  # fmt: skip
     for name in args.systems:
         log(f"\n== {name} ==")
         kv_dir = None
         if name == "ours":
-            server = systems.ours(shape, model_name, cache / "models", work)
+            def make_server(sh, _name=model_name):
+                return systems.ours(sh, _name, cache / "models", work)
             kv_dir = cache / "kv"  # the daemon's default: beside model_cache_dir
         elif name == "llama-server":
-            server = systems.llama_server(shape, buildmod.build_llama_server(jobs=args.jobs), work)
+            binary = buildmod.build_llama_server(jobs=args.jobs)
+
+            def make_server(sh, _binary=binary):
+                return systems.llama_server(sh, _binary, work)
         else:
             raise SystemExit(f"unknown system {name}")
         t0 = time.perf_counter()
-        results["systems"][name] = await measure(name, server, args, count, system, kv_dir)
+        results["systems"][name] = await measure(name, make_server, shape, args, count, system, kv_dir)
         results["systems"][name]["wall_s"] = round(time.perf_counter() - t0, 1)
     out = work / "kv-results.json"
     out.write_text(json.dumps(results, indent=1))
@@ -200,15 +231,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--long-tokens", type=int, default=2000)
     p.add_argument("--interleave", default="8", help="(b): conversation counts, over --parallel sequences")
     p.add_argument("--parallel", type=int, default=4, help="sequences / slots")
+    p.add_argument("--d-parallel", type=int, default=0,
+                   help="(d): sequences / slots of its server (default and minimum: 3 retained + 4 streams + 1)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
     p.add_argument("--start-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.interleave = [int(x) for x in args.interleave.split(",") if x]
+    args.d_parallel = d_parallel(args.d_parallel, args.retained)
     return args
 
 

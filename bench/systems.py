@@ -43,6 +43,7 @@ class Shape:
     n_batch: int = 512
     prefill_chunk: int = 256  # ours only: tokens of a new prompt per scheduler tick
     n_gpu_layers: int | None = None  # layers on the GPU (-1 = all); None: each system's default (CPU builds: none)
+    flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
 
 
 @dataclass
@@ -145,6 +146,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             f"threads = {shape.threads}",
             f"prefill_chunk = {shape.prefill_chunk}",
             *([f"n_gpu_layers = {shape.n_gpu_layers}"] if shape.n_gpu_layers is not None else []),
+            f'flash_attn = "{shape.flash_attn}"',
             "",
         ])
     )  # fmt: skip
@@ -167,7 +169,7 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
         "-t", str(shape.threads), "-tb", str(shape.threads),
         # llama-server divides -c among its slots: give each slot the same context as ours
         "-c", str(shape.ctx_per_seq * shape.parallel), "--parallel", str(shape.parallel), "--cont-batching",
-        "-b", str(shape.n_batch), "-ub", str(shape.n_batch),
+        "-b", str(shape.n_batch), "-ub", str(shape.n_batch), "--flash-attn", shape.flash_attn,
         # built-in gemma template (with jinja on, --chat-template would be read as Jinja text)
         "--no-jinja", "--chat-template", "gemma", "--no-webui", "--alias", "bench",
         # on CPUs with AMX llama.cpp's repacked (AMX) weight layouts crash it: the same choice as our

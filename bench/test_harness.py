@@ -206,3 +206,28 @@ async def test_levels_apply_the_suppress_ids_and_stop_at_a_level_past_its_time_b
     assert first["1"]["ok"] == 1 and first["1"]["tokens"] == 4 and "error" not in first["1"]
     assert "timed out" in second["2"]["error"] and "8" not in second
     assert seen and all(b == {"113": -100, "115": -100} for b in seen)
+
+
+def test_kv_long_prompt_workload_gets_a_server_with_a_slot_for_every_request(monkeypatch):
+    """(d) needs 3 retained + 4 streams + the long prompt: with fewer slots the long prompt would
+    wait for a stream to end, and the figure would measure decode speed instead of prefill."""
+    import asyncio as aio
+
+    from bench import kv, systems
+
+    args = kv.parse_args(["--workloads", "a,d", "--parallel", "4"])
+    assert args.d_parallel == 8
+    assert kv.parse_args(["--d-parallel", "12"]).d_parallel == 12
+    started: list[tuple[int, list[str]]] = []
+
+    async def fake_workloads(server, _args, _count, _system, which, out):
+        started.append((server.parallel, list(which)))
+
+    monkeypatch.setattr(kv, "_workloads", fake_workloads)
+    shape = systems.Shape(model_path="m.gguf", parallel=4)
+    aio.run(kv.measure("llama-server", lambda sh: sh, shape, args, None, "", None))
+    assert started == [(4, ["a"]), (8, ["d"])]
+    started.clear()
+    args = kv.parse_args(["--workloads", "a,d", "--parallel", "8"])
+    aio.run(kv.measure("llama-server", lambda sh: sh, systems.Shape(model_path="m.gguf", parallel=8), args, None, "", None))
+    assert started == [(8, ["a", "d"])]

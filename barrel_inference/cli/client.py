@@ -59,20 +59,27 @@ def _message(body: bytes) -> str | None:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = 30.0):
+    def __init__(self, base_url: str, timeout: float = 30.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key
 
     def _open(self, method: str, path: str, body: Any = None, timeout: float | None = None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             return urllib.request.urlopen(req, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as exc:
             body = exc.read()
             message = _message(body) or f"HTTP {exc.code} {exc.reason}"
+            if exc.code in (401, 403):
+                message += (" (bictl sends the key in --api-key or BARREL_INFERENCE_API_KEY" if self.api_key is None
+                            else " (the key bictl sent, from --api-key or BARREL_INFERENCE_API_KEY, is not enough")
+                message += "; management commands need an admin key)"
             raise CLIError(message, status=exc.code) from None
         except urllib.error.URLError as exc:
             reason = exc.reason

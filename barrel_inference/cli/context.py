@@ -15,13 +15,14 @@ class State:
     host: str | None = None
     json: bool = False
     timeout: float = 30.0
+    api_key: str | None = None
 
     @property
     def url(self) -> str:
         return daemon_url(self.host)
 
     def client(self, timeout: float | None = None) -> Client:
-        return Client(self.url, timeout or self.timeout)
+        return Client(self.url, timeout or self.timeout, api_key=self.api_key)
 
 
 def json_option(f):

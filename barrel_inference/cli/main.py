@@ -33,11 +33,13 @@ class Group(click.Group):
 @click.option("--host", envvar="BARREL_INFERENCE_HOST", help="The daemon: host, host:port or http://host:port (env BARREL_INFERENCE_HOST).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the daemon's answers.")
+@click.option("--api-key", envvar="BARREL_INFERENCE_API_KEY", default=None, show_envvar=True,
+              help="A key of the daemon's api_keys (an admin key for pull, rm, cp, create, unload), sent as a Bearer token.")
 @click.version_option(package_name="barrel-inference", prog_name="bictl")
 @click.pass_context
-def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float):
+def main(ctx: click.Context, host: str | None, as_json: bool, timeout: float, api_key: str | None):
     """Pull, manage and chat with local models served by barrel-inference."""
-    ctx.obj = State(host=host, json=as_json, timeout=timeout)
+    ctx.obj = State(host=host, json=as_json, timeout=timeout, api_key=api_key or None)
 
 
 for command in [*COMMANDS, create, run, embed, serve, stop, shutdown, logs, version, doctor, worker, alias]:

@@ -77,6 +77,24 @@ def ps(state: State):
              str(m.get("in_flight") if m.get("in_flight") is not None else "?"), str(m.get("pid") or "remote"), until(m.get("expires_at"))]
             for m in models]  # fmt: skip
     click.echo(table(["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SEQS", "IN FLIGHT", "PID", "UNTIL"], rows))
+    several = [m for m in models if len(m.get("replicas") or []) > 1]
+    if several:  # models with replicas: one line each
+        rows = [[m["name"], str(r.get("replica")), "up" if r.get("alive") else "starting", str(r.get("pid") or "remote"),
+                 r.get("device") or "-", str(r.get("in_flight", 0)), routed_text(r.get("routed") or {}),
+                 cached_text(r.get("prompt_tokens", 0), r.get("cached_tokens", 0))]
+                for m in several for r in m["replicas"]]  # fmt: skip
+        click.echo("")
+        click.echo(table(["NAME", "REPLICA", "STATE", "PID", "DEVICE", "IN FLIGHT", "ROUTED", "CACHED"], rows))
+
+
+def routed_text(routed: dict) -> str:
+    """{"affinity": 3, "least_loaded": 1} -> 'affinity 3, least_loaded 1'."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(routed.items())) or "-"
+
+
+def cached_text(prompt: int, cached: int) -> str:
+    """Share of prompt tokens served from the replica's cache."""
+    return f"{100.0 * cached / prompt:.0f}%" if prompt else "-"
 
 
 @click.command()

@@ -7,16 +7,23 @@ family's own envelope. Management routes (pull, delete, create, copy, edit, push
 marked admin once any key is configured (403 for a known key that is not admin). /health stays open;
 /metrics needs a key only with metrics_require_key. Keys are compared in constant time, every key
 every time.
+
+A key may be limited to some models (`models`: names, aliases or fnmatch patterns). The middleware
+puts the key a request presented in its scope; the routes that run a model check it with
+`permit_model` once the model's name is known (the request body is read by then): another model is
+a 403 in the family's envelope (Anthropic: permission_error).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..protocol import ErrorCode, ErrorInfo
+from .errors import GatewayError
 from .family import Families
 
 OPEN_PATHS = ("/health",)
@@ -25,6 +32,30 @@ MANAGEMENT_PATHS = ("/api/pull", "/api/delete", "/api/create", "/api/copy", "/ap
 ALIAS_PATH = "/api/aliases/"
 # how each family's clients send a key
 X_API_KEY_FAMILIES = ("anthropic",)
+SCOPE_KEY = "barrel_inference.api_key"  # the key a request presented (set by the middleware)
+
+
+def allows_model(key: Any, *names: str) -> bool:
+    """May `key` use a model known by any of `names` (the name asked for, its registry name)?"""
+    patterns = getattr(key, "models", None)
+    if not patterns:
+        return True
+    for name in names:
+        for pattern in patterns:
+            if fnmatch.fnmatchcase(name, pattern) or (":" not in pattern and fnmatch.fnmatchcase(name, pattern + ":latest")):
+                return True
+    return False
+
+
+async def permit_model(scope: Scope, state: Any, name: str) -> None:
+    """Raise a 403 GatewayError when the request's key may not use model `name` (an alias or a registry
+    name: both are checked against the key's `models`). Unknown models raise their usual 404."""
+    key = scope.get(SCOPE_KEY)
+    if key is None or not key.models:
+        return
+    resolved = (await state.models.resolve(name)).name if not allows_model(key, name) else name
+    if not allows_model(key, name, resolved):
+        raise GatewayError(ErrorCode.FORBIDDEN, f"this API key may not use model {name!r}", param="model")
 
 
 def presented_key(headers: dict[bytes, bytes], family: str) -> str | None:
@@ -86,6 +117,7 @@ class ApiKeyMiddleware:
         if management and not key.admin:
             info = ErrorInfo(ErrorCode.FORBIDDEN, f"{path} changes the server's models: it needs an API key marked admin")
             return await self._deny(scope, receive, send, path, info, 403)
+        scope[SCOPE_KEY] = key  # the routes check its model permissions (permit_model)
         return await self.app(scope, receive, send)
 
     async def _deny(self, scope: Scope, receive: Receive, send: Send, path: str, info: ErrorInfo, status: int) -> None:

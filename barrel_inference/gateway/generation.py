@@ -199,6 +199,8 @@ class Generation:
             fields.update(queue_ms=round(timings.queue_ms, 1), prefill_ms=round(timings.prefill_ms, 1), decode_ms=round(timings.decode_ms, 1))
         if self.submit.session:
             fields["session"] = self.submit.session
+        if stream is not None and getattr(stream, "route", "only") != "only":  # a model with replicas
+            fields.update(replica=stream.replica, route=stream.route)
         if self.queue_ms is not None:
             fields["gateway_queue_ms"] = round(self.queue_ms, 1)
         if self.request_id != self.id:

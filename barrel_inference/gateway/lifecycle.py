@@ -38,6 +38,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..protocol import Accepted, Delta, Done, ErrorCode, ErrorInfo, FinishReason, Submit
+from .auth import permit_model
 from .errors import GatewayError
 from .family import Family
 from .generation import Generation, Result, record_rejected
@@ -77,6 +78,7 @@ class Adapter:
     api: str = ""
     id_prefix: str = "req-"
     media_type: str = "text/event-stream"
+    model_access_checked: bool = False  # True: the route already checked the key's model permissions
 
     def decode(self, body: bytes) -> Any:
         raise NotImplementedError
@@ -154,6 +156,8 @@ async def serve(request: Request, adapter: Adapter) -> Response:
         req = adapter.decode(await read_body(request))
         submit = prepare(adapter.to_submit(req, rid), getattr(state, "normalizer", None), request.headers)
         model = adapter.model(req)
+        if not adapter.model_access_checked:
+            await permit_model(request.scope, state, model)
     except GatewayError as exc:
         record_rejected(state, api=adapter.api, request_id=request_id, error=exc)
         return family.error(exc, headers=headers)
@@ -196,6 +200,7 @@ async def admitted_call(request: Request, model: str, call: Any, *, timeout: flo
     state = request.app.state
 
     async def run() -> Any:
+        await permit_model(request.scope, state, model)
         handle = await state.models.get(model)
         admission = getattr(state, "admission", None)
         slot = await admission.acquire(handle.name, handle.hello.n_seq_max) if admission is not None else None

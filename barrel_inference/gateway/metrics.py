@@ -61,22 +61,27 @@ class GatewayMetrics:
         self._evictions_seen: dict[str, int] = {}
         self.queue_time = Histogram(P + "request_queue_time_seconds", "Time a request waited in the worker before its prefill", ["model"], buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.http_responses = Counter(P + "http_responses", "HTTP answers of every route by status (refusals and 500s included)", ["route", "method", "status"], registry=r)  # fmt: skip
-        self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "kind"], registry=r)
-        self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "cause"], registry=r)  # fmt: skip
-        self._started: set[str] = set()
-        self.sequences = Gauge(P + "sequences", "The worker's sequences by state (busy: a request runs on it; free)", ["model", "state"], registry=r)
-        self.kv_cells_used = Gauge(P + "kv_cells_used", "KV cache cells in use (running requests' tokens and idle sequences' retained ones)", ["model"], registry=r)  # fmt: skip
-        self.worker_load_seconds = Gauge(P + "worker_load_seconds", "How long the running worker took from spawn to ready (load and warm-up)", ["model"], registry=r)  # fmt: skip
+        # per replica of a model (replica="0" for a model's only worker)
+        self.worker_starts = Counter(P + "worker_starts", "Worker processes started (kind: first or restart)", ["model", "replica", "kind"], registry=r)  # fmt: skip
+        self.worker_exits = Counter(P + "worker_exits", "Worker processes that ended without being asked to (cause: signal name or exit code)", ["model", "replica", "cause"], registry=r)  # fmt: skip
+        self._started: set[tuple[str, str]] = set()
+        self.sequences = Gauge(P + "sequences", "The worker's sequences by state (busy: a request runs on it; free)", ["model", "replica", "state"], registry=r)  # fmt: skip
+        self.kv_cells_used = Gauge(P + "kv_cells_used", "KV cache cells in use (running requests' tokens and idle sequences' retained ones)", ["model", "replica"], registry=r)  # fmt: skip
+        self.worker_load_seconds = Gauge(P + "worker_load_seconds", "How long the running worker took from spawn to ready (load and warm-up)", ["model", "replica"], registry=r)  # fmt: skip
+        self.replica_in_flight = Gauge(P + "replica_in_flight", "Requests on the replica's worker (running or queued there)", ["model", "replica"], registry=r)  # fmt: skip
+        self.replica_waiting = Gauge(P + "replica_waiting", "Requests queued in the replica's worker beyond its sequences (queue depth)", ["model", "replica"], registry=r)  # fmt: skip
+        self.routed = Counter(P + "routed_requests", "Requests routed to a replica of a model with several, by reason: session, affinity (its cache holds the prompt's prefix), least_loaded, round_robin", ["model", "replica", "reason"], registry=r)  # fmt: skip
         self.embedded_inputs = Counter(P + "embedding_inputs", "Texts embedded", ["model"], registry=r)
         self.build_info = Gauge(P + "build_info", "The daemon's build: its version, llama.cpp's and the engine profile setting",
                                 ["version", "llama_cpp_version", "engine_profile"], registry=r)  # fmt: skip
         self.build_info.labels(version, llama_cpp_version or "unknown", engine_profile or "unknown").set(1)
 
-    def worker_started(self, model: str) -> None:
-        self.worker_starts.labels(model, "restart" if model in self._started else "first").inc()
-        self._started.add(model)
+    def worker_started(self, model: str, replica: str = "0") -> None:
+        key = (model, replica)
+        self.worker_starts.labels(model, replica, "restart" if key in self._started else "first").inc()
+        self._started.add(key)
 
-    def worker_exited(self, model: str, returncode: int | None) -> None:
+    def worker_exited(self, model: str, returncode: int | None, replica: str = "0") -> None:
         if returncode is not None and returncode < 0:
             try:
                 cause = signal.Signals(-returncode).name
@@ -84,7 +89,7 @@ class GatewayMetrics:
                 cause = f"signal {-returncode}"
         else:
             cause = f"exit {returncode}"
-        self.worker_exits.labels(model, cause).inc()
+        self.worker_exits.labels(model, replica, cause).inc()
 
     def forget_model(self, model: str) -> None:
         """Remove every series of `model` (it was deleted: its figures would be reported for ever)."""
@@ -103,13 +108,20 @@ class GatewayMetrics:
                             seen.add(key)
                             metric.remove(*key)
 
-    def worker_figures(self, model: str, stats: dict) -> None:
+    def worker_figures(self, model: str, stats: dict, replica: str = "0") -> None:
         """Gauges from one worker's GetStats answer (read when /metrics is scraped)."""
         total, busy = int(stats.get("n_seq_max", 0)), int(stats.get("seqs_busy", 0))
-        self.sequences.labels(model, "busy").set(busy)
-        self.sequences.labels(model, "free").set(max(0, total - busy))
+        self.sequences.labels(model, replica, "busy").set(busy)
+        self.sequences.labels(model, replica, "free").set(max(0, total - busy))
         if "kv_cells_used" in stats:
-            self.kv_cells_used.labels(model).set(stats["kv_cells_used"])
+            self.kv_cells_used.labels(model, replica).set(stats["kv_cells_used"])
+
+    def replica_load(self, model: str, replica: str, in_flight: int, waiting: int, load_seconds: float | None) -> None:
+        """A replica's requests in flight, its worker-side queue and its load time (set when scraped)."""
+        self.replica_in_flight.labels(model, replica).set(in_flight)
+        self.replica_waiting.labels(model, replica).set(waiting)
+        if load_seconds is not None:
+            self.worker_load_seconds.labels(model, replica).set(load_seconds)
 
     def refresh(self, loads: Iterable[tuple[str, int]]) -> None:
         """Set the waiting gauge from (model, queue depth) pairs."""

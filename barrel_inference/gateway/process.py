@@ -50,6 +50,7 @@ _FLAGS = {
     "kv_ram_bytes": "--kv-ram-bytes",
     "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
+    "flash_attn": "--flash-attn",
 }
 
 
@@ -83,14 +84,60 @@ def worker_argv(command: Sequence[str], endpoint: str, record: Any, opts: ModelS
     return argv
 
 
+TOOL_KEYS = ("tool_format", "thinking_start", "thinking_end")
+
+
+def _tool_flags(settings: Settings, record: Any) -> dict:
+    """The tool format and thinking markers a worker is started with: the manifest's scan, under the
+    operator's [defaults] / [models."name"]."""
+    loader = dict(getattr(record, "loader", None) or {})
+    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
+    out = {key: loader.get(key) for key in TOOL_KEYS}
+    for key in TOOL_KEYS:
+        if getattr(mine, key) is not None:
+            out[key] = getattr(mine, key)
+    return out
+
+
+def tool_settings(settings: Settings, record: Any) -> dict:
+    """What a worker of `record` will use for tool calls and thinking ({tool_format, thinking_start,
+    thinking_end}), worked out as the worker does: its flags (`_tool_flags`), and where they name none,
+    what it detects in the chat template it renders with (an operator's or the manifest's chat_template
+    override; without one the GGUF's own, which the scan already read). /api/show's capabilities and
+    the think / tools checks read this, so they agree with the worker."""
+    from ..toolcalls import detect
+    from ..toolcalls.reasoning import detect_thinking
+
+    out = _tool_flags(settings, record)
+    override = go_template(settings, record) or engine_options(settings, record).chat_template
+    if override:
+        if not out["tool_format"]:
+            out["tool_format"] = detect(override)["tool_format"]
+        if not (out["thinking_start"] and out["thinking_end"]):
+            out.update(detect_thinking(override))
+    return out
+
+
+def go_template(settings: Settings, record: Any) -> str | None:
+    """The Modelfile TEMPLATE (Go text/template) the model's worker renders with: one /api/create or /api/edit
+    set (template_format "go"), unless the operator configured a chat_template for the model, which wins."""
+    base = getattr(record, "base", None) or record  # a variant renders as its model does
+    text = getattr(base, "template", None)
+    if not text or getattr(base, "template_format", "") != "go":
+        return None
+    mine = settings.defaults.merged(settings.models.get(base.name))
+    return None if mine.chat_template else text
+
+
+def template_argv(settings: Settings, record: Any) -> list[str]:
+    text = go_template(settings, record)
+    return ["--go-template", text] if text else []
+
+
 def tool_argv(settings: Settings, record: Any) -> list[str]:
     """The worker's tool-call and thinking flags: the manifest's format and markers, the operator's
     format plugins, and the replay map's file under the model cache dir (or tool_replay_dir)."""
-    loader = dict(getattr(record, "loader", None) or {})
-    mine = settings.defaults.merged(settings.models.get(record.name))  # the operator's hand beats the scan
-    for key in ("tool_format", "thinking_start", "thinking_end"):
-        if getattr(mine, key) is not None:
-            loader[key] = getattr(mine, key)
+    loader = _tool_flags(settings, record)
     argv: list[str] = []
     if loader.get("tool_format"):
         argv += ["--tool-format", str(loader["tool_format"])]
@@ -113,14 +160,21 @@ def slug(name: str) -> str:
 IPC_PATH_MAX = 100  # sockaddr_un paths hold 107 bytes on Linux, 103 on macOS
 
 
-def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str) -> str:
-    """`ipc://{run_dir}/{slug}.sock`, with the slug shortened (and hashed) where the path would be too long."""
+def replica_slug(name: str, replica: int = 0) -> str:
+    """The file-name stem of a model's worker: `slug`, with `-r{n}` for replicas after the first."""
+    return slug(name) + (f"-r{replica}" if replica else "")
+
+
+def ipc_endpoint(run_dir: "os.PathLike[str] | str", name: str, replica: int = 0) -> str:
+    """`ipc://{run_dir}/{slug}.sock` (replica n > 0: `{slug}-r{n}.sock`), with the slug shortened (and
+    hashed) where the path would be too long."""
     base = str(run_dir).rstrip("/")
-    path = f"{base}/{slug(name)}.sock"
+    suffix = f"-r{replica}" if replica else ""
+    path = f"{base}/{slug(name)}{suffix}.sock"
     if len(path.encode()) > IPC_PATH_MAX:
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-        room = max(0, IPC_PATH_MAX - len(base.encode()) - len(digest) - 7)
-        path = f"{base}/{slug(name)[:room]}-{digest}.sock"
+        room = max(0, IPC_PATH_MAX - len(base.encode()) - len(digest) - len(suffix) - 7)
+        path = f"{base}/{slug(name)[:room]}-{digest}{suffix}.sock"
     return "ipc://" + path
 
 
@@ -131,9 +185,11 @@ def default_command() -> list[str]:
 class WorkerProcess:
     """One spawned worker: its output goes to the gateway's log; `wait` ends when it exits."""
 
-    def __init__(self, name: str, argv: list[str], logger: Any) -> None:
+    def __init__(self, name: str, argv: list[str], logger: Any, env: dict[str, str] | None = None, replica: int | None = None) -> None:
         self.name = name
         self.argv = argv
+        self.env = dict(env or {})  # set over the gateway's environment (a replica's device)
+        self.replica = replica  # its index among the model's replicas (None: the model's only worker)
         self._log = logger
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task | None = None
@@ -155,11 +211,11 @@ class WorkerProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             start_new_session=True,  # a Ctrl-C at the terminal reaches the gateway, which stops workers in order
         )
         self._pump = asyncio.create_task(self._pump_output(), name=f"worker-output-{self.name}")
-        self._log.info("worker_started", model=self.name, pid=self._proc.pid)
+        self._log.info("worker_started", model=self.name, pid=self._proc.pid, **self._replica_field())
 
     async def wait(self) -> int:
         assert self._proc is not None
@@ -194,6 +250,9 @@ class WorkerProcess:
         else:
             how = f"exited with code {rc}"
         return f"worker for {self.name} {how}{when}" + (f": {self.failure}" if self.failure else "")
+
+    def _replica_field(self) -> dict:
+        return {"replica": self.replica} if self.replica is not None else {}
 
     def last_output(self, n: int = 5) -> list[str]:
         """The worker's last lines of output, for the server log only."""
@@ -248,8 +307,9 @@ class WorkerProcess:
             level = str(rec.pop("level", "error" if "error" in rec else "info")).lower()
             rec.pop("model", None)
             fields = {k if k not in ("pid",) else "worker_pid": v for k, v in rec.items()}
+            fields.update(self._replica_field())
             getattr(self._log, level if level in ("debug", "info", "warning", "error") else "info")(
                 event, model=self.name, source="worker", **fields
             )
         else:
-            self._log.info("worker_output", model=self.name, source="worker", line=line)
+            self._log.info("worker_output", model=self.name, source="worker", line=line, **self._replica_field())

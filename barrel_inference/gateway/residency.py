@@ -10,6 +10,9 @@ what a model holds in RAM / VRAM). The least recently used idle model is stopped
 loaded model is busy the new one is refused with a retryable 503 rather than breaking running streams.
 
 Workers that run elsewhere (a configured endpoint) are only connected to: they never expire.
+
+The unit is a model's ReplicaSet (gateway/replicas.py): its replicas load and unload together, count
+as one model, and hold `replicas` copies of the GGUF against max_loaded_bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from .keepalive import FOREVER, format_keep_alive, parse_keep_alive
 from ..protocol import ErrorCode
 
 if TYPE_CHECKING:
-    from .workers import ModelManager, WorkerHandle
+    from .replicas import ReplicaSet as WorkerHandle
+    from .workers import ModelManager
 
 # a model handed out by `get` is kept at least this long for the request that asked for it to submit
 CLAIM_GRACE_S = 30.0
@@ -94,7 +98,7 @@ class Residency:
 
     def idle(self, handle: "WorkerHandle") -> None:
         """Start the expiry clock of an idle model."""
-        if handle.process is None:  # a worker elsewhere: nothing to free here
+        if handle.remote:  # a worker elsewhere: nothing to free here
             handle.expires_at = None
             return
         if handle.keep_alive == FOREVER:
@@ -125,7 +129,7 @@ class Residency:
         """Ollama's keep_alive 0 with no prompt: stop the model's idle workers now, busy ones once their
         requests end (never cutting a stream off)."""
         for handle in self.workers_of(name):
-            if handle.process is None:  # a worker elsewhere: nothing loaded here to free
+            if handle.remote:  # a worker elsewhere: nothing loaded here to free
                 continue
             if self.busy(handle):
                 handle.unload_when_idle = True
@@ -166,15 +170,16 @@ class Residency:
         self._cancel(name)
 
     # ---- budget ---------------------------------------------------------------------
-    async def make_room(self, record: Any) -> None:
-        """Stop least recently used idle models until `record` fits the budget; 503 when nothing can go."""
+    async def make_room(self, record: Any, copies: int = 1) -> None:
+        """Stop least recently used idle models until `copies` of `record` (its replicas) fit the budget;
+        503 when nothing can go."""
         if not self.max_models and not self.max_bytes:
             return
-        need = int(getattr(record, "size", 0) or 0)
+        need = int(getattr(record, "size", 0) or 0) * max(1, copies)
         while True:
             loaded = [h for h in self.manager.handles() if h.name != record.name]
             count_ok = not self.max_models or len(loaded) < self.max_models
-            used = sum(int(getattr(h.record, "size", 0) or 0) for h in loaded)
+            used = sum(int(getattr(h.record, "size", 0) or 0) * max(1, len(h)) for h in loaded)
             bytes_ok = not self.max_bytes or not loaded or used + need <= self.max_bytes
             if count_ok and bytes_ok:
                 return

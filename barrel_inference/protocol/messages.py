@@ -13,7 +13,8 @@ Version history: 1 first link; 2 typed Delta parts, Accepted, one Struct per hel
 finish reason "tool_calls", error codes queue_timeout / not_found / method_not_allowed / request_too_large /
 tool_call_invalid, forbidden / unsupported_media_type (gateway-side), Submit's tool_choice / parallel_tool_calls /
 template_kwargs / thinking_budget, Accepted.cache / cache_miss; 3 error codes output_invalid and invalid_api_key,
-Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs.
+Submit.json_schema_strict, Accepted.schema_receipt, Delta.logprobs. Fields added since, with defaults an
+old peer ignores: Submit.pin_ttl_s, CacheInfo.committed_tokens, Render.template_kwargs.
 """
 
 from __future__ import annotations
@@ -197,6 +198,9 @@ class Submit(msgspec.Struct, tag="submit", tag_field="kind", omit_defaults=True)
     session: str | None = None
     ignore_eos: bool = False
     want_tokens: bool = False  # carry token ids in deltas
+    # keep this request's cache (its sequence, or its saved state in the tiers) for this many seconds
+    # before retention may drop it for others' sake; 0: no pin (the usual least-recently-used order)
+    pin_ttl_s: float = 0.0
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="kind"):
@@ -235,6 +239,7 @@ class Render(msgspec.Struct, tag="render", tag_field="kind", omit_defaults=True)
     messages: list[ChatMessage]
     tools: list[dict] | None = None
     add_generation_prompt: bool = True
+    template_kwargs: dict = {}  # the template's own switches (enable_thinking, reasoning_effort, ...)
 
 
 class CountTokens(msgspec.Struct, tag="count_tokens", tag_field="kind", omit_defaults=True):
@@ -439,6 +444,9 @@ class CacheInfo(msgspec.Struct, omit_defaults=True):
     kind: str = "cold"
     miss: str = ""
     evaluated_tokens: int = 0  # prompt tokens computed (prompt_tokens - cached_tokens)
+    # of those, the ones that stay in the worker's cache after the request (its sequence is kept for
+    # reuse): what this request newly committed for the next one; 0 when its cache was dropped
+    committed_tokens: int = 0
     ram_bytes: int = 0
     ram_entries: int = 0
     disk_bytes: int = 0

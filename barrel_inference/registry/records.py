@@ -22,11 +22,14 @@ class ModelRecord:
     loader: dict = field(default_factory=dict)
     parameters: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)  # {'kind', 'spec', 'resolved', ...}
-    template: str | None = None  # a template text from the source (an Ollama Go template), informative only
+    # a template text: from the source (an Ollama Go template, informative only), or a Modelfile's TEMPLATE
+    # (template_format "go": the model's worker renders its prompts with it)
+    template: str | None = None
     manifest_digest: str = ""  # sha256 of the manifest file, an identity for this exact registration
     system: str | None = None  # a default system message (Modelfile SYSTEM)
     messages: list = field(default_factory=list)  # messages put before every chat (Modelfile MESSAGE)
     license: list = field(default_factory=list)
+    template_format: str = ""  # "go": `template` is rendered (set by /api/create, /api/edit); "": shown only
 
     @property
     def passthrough(self) -> bool:
@@ -59,4 +62,5 @@ def record_from_manifest(data: dict, path: Path, manifest_digest: str) -> ModelR
         system=data.get("system"),
         messages=list(data.get("messages") or []),
         license=list(data.get("license") or []),
+        template_format=data.get("template_format") or "",
     )

@@ -18,6 +18,9 @@ from pathlib import Path
 RESULTS = ("hit", "miss", "no_format")
 
 
+OPEN_ATTEMPTS = 100  # times 50 ms: how long opening waits for another process creating the file
+
+
 def neutral_id(call_id: str) -> str:
     """'call_abc' / 'toolu_abc' / 'abc' -> 'abc'."""
     return call_id.rsplit("_", 1)[-1] if call_id else call_id
@@ -33,14 +36,30 @@ class ReplayMap:
         self.clock = clock
         self._lock = threading.RLock()  # one connection, used from the scheduler and preparation threads
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        # the replicas of a model share the file: one may be creating it while another opens it
+        # (switching to WAL takes a lock the busy timeout does not wait for)
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                self._create()
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05)
+        self.counts = dict.fromkeys(RESULTS, 0)
+        self._last_gc = 0
+        self.gc()
+
+    def _create(self) -> None:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, raw BLOB NOT NULL, created_ms INTEGER NOT NULL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS calls_created ON calls (created_ms)")
         if "tokens" not in {row[1] for row in self.db.execute("PRAGMA table_info(calls)")}:
-            self.db.execute("ALTER TABLE calls ADD COLUMN tokens BLOB")  # int32 token ids, where they spell raw exactly
-        self.counts = dict.fromkeys(RESULTS, 0)
-        self._last_gc = 0
-        self.gc()
+            try:
+                self.db.execute("ALTER TABLE calls ADD COLUMN tokens BLOB")  # int32 token ids, where they spell raw exactly
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it just now
+                    raise
 
     def put(self, call_id: str, raw: bytes, tokens: list[int] | None = None) -> None:
         """raw: the span's exact bytes; tokens: the model's tokens that spell them, where known."""

@@ -34,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--chat-template", default=None, help="a built-in template name or Jinja text")
+    p.add_argument("--go-template", default=None,
+                   help="an Ollama (Go text/template) model template, a Modelfile's TEMPLATE: rendered instead of --chat-template")
     p.add_argument("--n-gpu-layers", type=int, default=None, help="layers to offload (-1 = all); needs a GPU build")
     p.add_argument("--main-gpu", type=int, default=None)
     p.add_argument("--use-mmap", type=_truth, default=None, metavar="true|false")
@@ -49,11 +51,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's extra buffer types (CPU repack, AMX); auto = off on CPUs with AMX")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's flash attention (off: KV states restore exactly on sliding-window models)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up decode before ready")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
     p.add_argument("--curve-clients", default=None, metavar="DIR", help="directory of the gateways' public keys (*.key) admitted")
     p.add_argument("--insecure", action="store_true", help="allow a tcp:// bind without CURVE keys")
+    p.add_argument("--cpu-affinity", default=None, metavar="CORES",
+                   help="pin the worker to these CPU cores (0-7, 0-3,8-11) before the model loads; its default "
+                        "thread count is then their number")
     p.add_argument("--exit-with-parent", action="store_true", help="exit when the spawning process (the gateway) dies")
     p.add_argument("--fake", action="store_true", help="fake engine: no model, tokens as fast as asked")
     p.add_argument("--fake-tps", type=float, default=0.0, help="fake engine ticks per second (0 = unthrottled)")
@@ -81,6 +88,17 @@ def _log(event: str, **fields) -> None:
         pass
 
 
+def pin_cores(spec: str) -> set[int]:
+    """Pin this process (and the threads it starts later) to the cores of `spec` ("0-3,8")."""
+    from ..devices import parse_cores
+
+    cores = set(parse_cores(spec))
+    if not hasattr(os, "sched_setaffinity"):
+        raise OSError("this platform cannot pin a process to cores (no sched_setaffinity)")
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
 def build_engine(args, extra_buffers: bool):
     if args.fake:
         from .fake import FakeEngine
@@ -92,6 +110,7 @@ def build_engine(args, extra_buffers: bool):
         args.model_path, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch,
         n_ubatch=args.n_ubatch, threads=args.threads, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
         use_mmap=args.use_mmap, use_mlock=args.use_mlock, extra_buffers=extra_buffers,
+        flash_attn=args.flash_attn,
     )  # fmt: skip
 
 
@@ -124,6 +143,13 @@ def main(argv=None) -> int:
     from .warmup import warm_up
 
     t0 = time.perf_counter()
+    if args.cpu_affinity:
+        try:
+            pin_cores(args.cpu_affinity)
+        except (ValueError, OSError) as exc:
+            _log("worker_failed", error=f"--cpu-affinity {args.cpu_affinity}: {exc}", model=args.model_name)
+            return 2
+        _log("cpu_affinity", model=args.model_name, cores=args.cpu_affinity)
     profile = resolve(args.engine_profile, args.extra_buffers)
     _log("engine_profile", model=args.model_name, profile=profile.name, extra_buffers=profile.extra_buffers,
          reason=profile.reason)  # fmt: skip
@@ -131,7 +157,8 @@ def main(argv=None) -> int:
         engine = build_engine(args, profile.extra_buffers)
         bos = engine.token_text(getattr(engine, "bos", -1)) if hasattr(engine, "bos") else ""
         eos = engine.token_text(getattr(engine, "eos", -1)) if hasattr(engine, "eos") else ""
-        template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos)
+        template = ChatTemplate.choose(args.chat_template, engine.chat_template, engine.architecture, bos, eos,
+                                       go_template=args.go_template)  # fmt: skip
         tools = tools_from_args(args, engine, template, _log)
     except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)

@@ -125,6 +125,8 @@ def _devices() -> list[dict]:
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 # candidates checked by the grammar before it sees the whole vocabulary: the best by logit first
 GRAMMAR_STAGES = (64, 4096, 32768)
+# the flash_attn setting -> llama_context_params.flash_attn_type (LLAMA_FLASH_ATTN_TYPE_AUTO / _DISABLED / _ENABLED)
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
 
 class Sampler:
@@ -156,6 +158,14 @@ class Sampler:
                 setattr(self, name, None)
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, e.g. a replica pinned to a core set), else all."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class LlamaEngine:
     """Model + context + batch. Not thread-safe except tokenize/detokenize (vocab is read-only).
 
@@ -177,6 +187,7 @@ class LlamaEngine:
         use_mmap: bool | None = None,
         use_mlock: bool | None = None,
         extra_buffers: bool = True,
+        flash_attn: str = "auto",
     ):
         _backend_init()
         mp = L.llama_model_default_params()
@@ -184,6 +195,9 @@ class LlamaEngine:
         # CPUs and quantisations, but the AMX one crashes on some (see worker/engine_profile.py)
         mp.use_extra_bufts = bool(extra_buffers)
         self.extra_buffers = bool(extra_buffers)
+        if flash_attn not in FLASH_ATTN:
+            raise EngineError("invalid_request", f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {flash_attn!r}")
+        self.flash_attn = flash_attn
         if n_gpu_layers is not None:
             mp.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         if main_gpu is not None:
@@ -207,7 +221,7 @@ class LlamaEngine:
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
-        self.threads = threads or max(1, os.cpu_count() or 1)
+        self.threads = threads or usable_cpus()
         self.architecture = self.meta("general.architecture") or "unknown"
         self.n_swa = L.llama_model_n_swa(self.model) if hasattr(L, "llama_model_n_swa") else 0
         self.bos = L.llama_vocab_bos(self.vocab)
@@ -268,6 +282,10 @@ class LlamaEngine:
         # sequences). The price: caches kept for prefix reuse widen what every prompt chunk
         # attends over (measured: +24% prefill time with 3 x 2,000 retained tokens).
         cp.kv_unified = True
+        # llama.cpp's flash attention skips cells other sequences hold, but its reductions depend
+        # on where a sequence's cells lie: a state restored into other cells then gives other
+        # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact
+        cp.flash_attn_type = FLASH_ATTN[self.flash_attn]
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -413,6 +431,7 @@ class LlamaEngine:
         return {
             "model": h.hexdigest()[:32], "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
             "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
+            "flash_attn": self.flash_attn,
         }  # fmt: skip
 
     def state_selftest(self) -> dict:
@@ -425,7 +444,7 @@ class LlamaEngine:
         lengths = [n for n in lengths if 2 <= n < min(self.n_ctx, self.n_batch * 64) - 1]
         probes, limit = [], None
         if not lengths:
-            return {"exact_up_to": limit, "probes": probes}
+            return {"exact_up_to": limit, "probes": probes, "flash_attn": self.flash_attn}
         rng = np.random.default_rng(1234)
         toks = [int(t) for t in rng.integers(0, self.n_vocab, lengths[-1] + 1)]
         toks = [t if not self._eog[t] else (t + 1) % self.n_vocab for t in toks]
@@ -457,7 +476,7 @@ class LlamaEngine:
                 n_done = n + 1
         finally:
             self.seq_clear(0)
-        return {"exact_up_to": limit, "probes": probes}
+        return {"exact_up_to": limit, "probes": probes, "flash_attn": self.flash_attn}
 
     def _logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))

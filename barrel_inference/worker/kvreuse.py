@@ -38,9 +38,9 @@ class SessionRec:
 
 class KvReuse:
     def __init__(self, engine, *, n_seq: int, store: KvStore | None = None, max_retained_tokens: int | None = None,
-                 exact_up_to: int | None = None, template_id: str = "", log=None):  # fmt: skip
+                 exact_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic):  # fmt: skip
         self.engine = engine
-        self.pool = SeqPool(n_seq)
+        self.pool = SeqPool(n_seq, clock)  # clock: seconds, for pins (tests pass a fake one)
         self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
         self.max_retained = max_retained_tokens
         self.exact_up_to = exact_up_to  # None: restores are exact at any length
@@ -129,8 +129,9 @@ class KvReuse:
 
     # ---- endings ------------------------------------------------------------------------
     def release(self, req, tokens: list[int] | None) -> None:
-        """req's sequence is free again; tokens: what its KV holds (None: unknown, cleared)."""
-        if self.pool.release(req.seq, tokens):
+        """req's sequence is free again; tokens: what its KV holds (None: unknown, cleared). Its pin
+        (req.pin_ttl_s) keeps the cache from retention until it runs out."""
+        if self.pool.release(req.seq, tokens, getattr(req, "pin_ttl_s", 0.0)):
             self.engine.seq_clear(req.seq)
         if req.session and tokens is not None:
             self.sessions[req.session] = SessionRec(array("i", tokens), self.template_id)
@@ -143,7 +144,7 @@ class KvReuse:
         if self.max_retained is None:
             return
         for slot in self.pool.over_retention(self.max_retained):
-            self._save(Evicted(slot.seq, slot.tokens, slot.session))
+            self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until))
             self.engine.seq_clear(slot.seq)
             self.pool.forget(slot.seq)
 
@@ -159,7 +160,7 @@ class KvReuse:
             return
         for slot in self.pool.slots:
             if not slot.busy and slot.tokens:
-                self._save(Evicted(slot.seq, slot.tokens, slot.session), count=False)
+                self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until), count=False)
         self.store.persist()
 
     def reset(self) -> None:
@@ -175,11 +176,12 @@ class KvReuse:
         found, n_have = store.find(ev.tokens)
         if found is not None and n_have == n == found.n:
             store.take(found)  # already saved: only mark it used
+            store.pin(found, ev.pin_until)
             return
         t0 = time.perf_counter()
         data = self.engine.state_seq_save(ev.seq)
         self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
-        store.put(ev.tokens, data, session=ev.session, template=self.template_id)
+        store.put(ev.tokens, data, session=ev.session, template=self.template_id, pin_until=ev.pin_until)
 
     # ---- explanations -------------------------------------------------------------------
     def _explain(self, session: str | None, prompt: list[int], n: int) -> str:

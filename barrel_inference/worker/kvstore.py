@@ -8,7 +8,8 @@ deleted at start (the model or the settings changed) and their sessions remember
 `model-reloaded`.
 
 RAM holds up to `ram_bytes`; the least recently useful entries move to disk (`disk_bytes`), the
-oldest disk files are deleted. A file is written to a temporary name, synced and renamed, so a
+oldest disk files are deleted. Entries pinned by their request (Submit.pin_ttl_s, until `pin_until`
+on the store's clock) go last in both tiers, while their pin lasts. A file is written to a temporary name, synced and renamed, so a
 crash never leaves a torn entry under a real name; a SHA-256 over tokens and state is checked on
 every read and a file that fails it is deleted, never used.
 
@@ -25,6 +26,7 @@ import os
 import queue
 import struct
 import threading
+import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ class Entry:
     on_disk: bool = False
     loading: bool = False
     last_used: int = 0
+    pin_until: float = 0.0  # the store's clock time until which it goes after unpinned entries
 
     @property
     def n(self) -> int:
@@ -66,7 +69,9 @@ def entry_key(ns: str, tokens) -> str:
 
 class KvStore:
     def __init__(self, *, namespace: dict, ram_bytes: int, disk_bytes: int = 0, directory: str | Path | None = None,
-                 log=None, on_loaded: Callable[[Entry, bool], None] | None = None, template: str = ""):  # fmt: skip
+                 log=None, on_loaded: Callable[[Entry, bool], None] | None = None, template: str = "",
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        self.clock = clock  # the clock pins are given in (the sequence pool's)
         self.ns = namespace_id(namespace)
         self.namespace = namespace
         self.ram_bytes = max(0, ram_bytes)
@@ -99,8 +104,8 @@ class KvStore:
         return self.ram_bytes > 0
 
     # ---- the scheduler's side -----------------------------------------------------------
-    def put(self, tokens, data, *, session: str | None = None, template: str = "") -> Entry | None:
-        """Keep a saved state in RAM (it replaces an entry of the same tokens)."""
+    def put(self, tokens, data, *, session: str | None = None, template: str = "", pin_until: float = 0.0) -> Entry | None:
+        """Keep a saved state in RAM (it replaces an entry of the same tokens); pin_until: see the module doc."""
         size = len(data)
         if not self.enabled or not size or size > self.ram_bytes:
             return None
@@ -111,6 +116,7 @@ class KvStore:
             if old is not None and old.data is not None:
                 self.ram_used -= old.size
             e = Entry(key, toks, size, session, template, data, on_disk=old is not None and old.on_disk)
+            e.pin_until = max(pin_until, old.pin_until if old is not None else 0.0)
             self._touch(e)
             self._entries[key] = e
             self.ram_used += size
@@ -139,6 +145,15 @@ class KvStore:
                 return None
             self._touch(e)
             return e.data
+
+    def pin(self, e: Entry, until: float) -> None:
+        """Keep an entry's pin at least until `until`."""
+        with self._lock:
+            e.pin_until = max(e.pin_until, until)
+
+    def _evict_order(self, e: Entry) -> tuple[bool, int]:
+        """Sort key of eviction: unpinned entries first, then by recency."""
+        return e.pin_until > self.clock(), e.last_used
 
     def load(self, e: Entry) -> bool:
         """Start reading a disk entry into RAM; on_loaded(entry, ok) follows on the I/O thread."""
@@ -196,7 +211,7 @@ class KvStore:
         """RAM over its budget: the least recently used entries go to disk (or away)."""
         if self.ram_used <= self.ram_bytes:
             return
-        for e in sorted((e for e in self._entries.values() if e.data is not None), key=lambda e: e.last_used):
+        for e in sorted((e for e in self._entries.values() if e.data is not None), key=self._evict_order):
             if self.ram_used <= self.ram_bytes:
                 break
             data, e.data = e.data, None
@@ -303,7 +318,7 @@ class KvStore:
         with self._lock:
             victims = []
             if self.disk_used > self.disk_bytes:
-                for e in sorted((e for e in self._entries.values() if e.on_disk and not e.loading), key=lambda e: e.last_used):
+                for e in sorted((e for e in self._entries.values() if e.on_disk and not e.loading), key=self._evict_order):
                     if self.disk_used <= self.disk_bytes:
                         break
                     e.on_disk = False

@@ -24,7 +24,7 @@ class Request:
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
         "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
         "schema_receipt", "logprobs", "pending_logprobs",
-        "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on",
+        "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on", "pin_ttl_s",
     )  # fmt: skip
 
     def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
@@ -65,6 +65,7 @@ class Request:
         self.cache_miss = ""  # why a known session reused less than its last turn committed
         self.parked = False  # has waited once for a saved state to load from disk
         self.parked_on = None  # the entry it waits for
+        self.pin_ttl_s = 0.0  # its cache is kept this long before retention may drop it (Submit.pin_ttl_s)
 
     # ---- output -------------------------------------------------------------------------
     def emit(self, *parts) -> None:
@@ -90,7 +91,10 @@ class Request:
         self.pending_n = 0
         return d
 
-    def done(self, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None) -> Done:
+    def done(self, reason: FinishReason, stop: str | None = None, error: ErrorInfo | None = None, *,
+             retained: bool = False) -> Done:  # fmt: skip
+        """retained: its sequence keeps what it holds after the request (its evaluated prompt tokens are
+        then committed for the next request to reuse)."""
         now = time.perf_counter()
         self.t_end = now
         self.phase = Phase.DONE
@@ -102,5 +106,6 @@ class Request:
             decode_ms=(now - first) * 1000.0 if self.t_first else 0.0,
         )
         usage = Usage(len(self.prompt), self.generated, self.n_cached)
-        cache = CacheInfo(self.cache_kind, self.cache_miss, len(self.prompt) - self.n_cached)
+        evaluated = len(self.prompt) - self.n_cached
+        cache = CacheInfo(self.cache_kind, self.cache_miss, evaluated, committed_tokens=evaluated if retained else 0)
         return Done(self.id, reason, stop, usage, timings, error, cache)

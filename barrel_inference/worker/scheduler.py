@@ -106,6 +106,7 @@ class Scheduler:
                 items = list(self._inbox)
                 self._inbox.clear()
             out: dict[bytes, Tick] = {}
+            self.pool.tick += 1  # a sequence released in this round is safe from this round's retention
             try:
                 self._apply(items, out)
                 self._admit(out)
@@ -295,14 +296,18 @@ class Scheduler:
             d = r.take_delta()
             if d is not None:
                 tick.deltas.append(d)
-        done = r.done(reason, stop, error)
+        # the last sampled token goes into the cache with the next batch (the next turn's prompt holds
+        # it): such a sequence is released after that; any other is released now, kept unless it failed
+        tail = r.seq >= 0 and reason in (FinishReason.STOP, FinishReason.LENGTH) and r.generated and r.n_past + 1 < self.n_ctx
+        retained = tail or (r.seq >= 0 and reason is not FinishReason.ERROR)
+        # a released sequence is never dropped by the retention of the tick that releases it (seqpool),
+        # so what `retained` promises holds when the Done goes out
+        done = r.done(reason, stop, error, retained=retained)
         tick.done.append(done)
         if r.sampler is not None:
             r.sampler.free()
             r.sampler = None
-        if r.seq >= 0 and reason in (FinishReason.STOP, FinishReason.LENGTH) and r.generated and r.n_past + 1 < self.n_ctx:
-            # the last sampled token goes into the cache with the next batch (the next turn's
-            # prompt holds it): the sequence is released after that
+        if tail:
             r.phase = Phase.TAIL
         elif r.seq >= 0:
             keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None

@@ -8,16 +8,25 @@ The choice never destroys a cache that is worth something for a newcomer that ga
 1. a session's own idle sequence (sticky);
 2. else an idle sequence whose whole cache the prompt extends and that no other session owns
    (taking it loses nothing: the next turn of a conversation sent without a session id);
-3. else an empty sequence, and failing that the least recently used idle one (its cache is handed
-   to the caller to save in a tier before it is overwritten).
+3. else an empty sequence, and failing that the least recently used idle one that is not pinned
+   (a pinned one only when every idle sequence is; its cache is handed to the caller to save in a
+   tier before it is overwritten).
 Whatever the target, the longest committed prefix of ANY other sequence, busy or idle, is copied
 into it when that beats what the target holds itself (a shared system prompt is never prefilled
 twice).
+
+Pins: a request may ask that its cache be kept for a while (Submit.pin_ttl_s, from Anthropic's
+cache_control). A pinned sequence is not dropped by retention (`over_retention`) before its pin
+runs out, and is the last choice to overwrite; unpinned caches go first. A sequence released in
+the current scheduler round (`tick`) is safe from that round's retention, so the worker can tell a
+request, when it ends, that its cache stays.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -27,6 +36,8 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this seq (idle)
     busy: bool = False
     last_used: int = 0
+    pin_until: float = 0.0  # clock time until which retention keeps this cache (0: not pinned)
+    released_tick: int = -1  # the scheduler round in which it was last released
 
 
 @dataclass
@@ -36,6 +47,7 @@ class Evicted:
     seq: int
     tokens: list[int]
     session: str | None
+    pin_until: float = 0.0
 
 
 @dataclass
@@ -57,10 +69,15 @@ Live = dict[int, tuple[list[int], int]]
 
 
 class SeqPool:
-    def __init__(self, n_seq: int):
+    def __init__(self, n_seq: int, clock: Callable[[], float] = time.monotonic):
         self.slots = [Slot(i) for i in range(n_seq)]
         self._by_session: dict[str, Slot] = {}
         self._clock = 0
+        self.clock = clock  # seconds, for pins
+        self.tick = 0  # the scheduler's round: sequences released in the current one are not dropped in it
+
+    def pinned(self, slot: Slot) -> bool:
+        return bool(slot.tokens) and slot.pin_until > self.clock()
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -97,11 +114,13 @@ class SeqPool:
                 target, kind = max(extend, key=lambda s: (len(s.tokens), -s.last_used)), "prefix"
             else:
                 empty = [s for s in free if not s.tokens]
-                target, kind = min(empty or free, key=lambda s: (s.last_used, len(s.tokens))), "prefix"
+                target = min(empty or free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
+                kind = "prefix"
         keep = common_prefix(target.tokens, prompt)
         evict = None
         if target.tokens and keep < len(target.tokens) and kind != "sticky":
-            evict = Evicted(target.seq, list(target.tokens), target.session)
+            evict = Evicted(target.seq, list(target.tokens), target.session, target.pin_until)
+            target.pin_until = 0.0  # the pin goes with the cache (to a tier), not with the sequence
         src, src_n = -1, 0
         for s in self.slots:
             if s is target:
@@ -125,8 +144,9 @@ class SeqPool:
         target.last_used = self._clock
         return plan
 
-    def release(self, seq: int, tokens: list[int] | None) -> bool:
-        """The request on seq ended; tokens: what its KV cache now holds (None: unknown).
+    def release(self, seq: int, tokens: list[int] | None, pin_ttl_s: float = 0.0) -> bool:
+        """The request on seq ended; tokens: what its KV cache now holds (None: unknown). pin_ttl_s:
+        keep it that long (a pin it already had from an earlier turn is never shortened).
 
         Returns True when the caller should clear the sequence's KV now.
         """
@@ -134,30 +154,39 @@ class SeqPool:
         slot.busy = False
         self._clock += 1
         slot.last_used = self._clock
+        slot.released_tick = self.tick
         if tokens is None:
             self._unpin(slot)
             slot.tokens = []
+            slot.pin_until = 0.0
             return True
         slot.tokens = list(tokens)
+        if pin_ttl_s > 0:
+            slot.pin_until = max(slot.pin_until, self.clock() + pin_ttl_s)
         return False
 
     def forget(self, seq: int) -> None:
         """The sequence's KV was cleared: nothing of it is to be matched, and no session owns it."""
         slot = self.slots[seq]
         slot.tokens = []
+        slot.pin_until = 0.0
         if not slot.busy:
             self._unpin(slot)
 
     def over_retention(self, limit: int) -> list[Slot]:
         """Idle sequences to drop, least recently used first, until idle caches hold at most
         `limit` tokens together. The most recently used idle cache is always kept (a lone
-        conversation keeps its own cache whatever its length)."""
+        conversation keeps its own cache whatever its length); so are pinned caches until their
+        pin runs out (they count towards `limit`, so unpinned ones go first) and those released
+        in the current round."""
         idle = sorted((s for s in self.slots if not s.busy and s.tokens), key=lambda s: s.last_used)
         total = sum(len(s.tokens) for s in idle)
         out = []
         for s in idle[:-1]:
             if total <= limit:
                 break
+            if self.pinned(s) or s.released_tick == self.tick:
+                continue
             out.append(s)
             total -= len(s.tokens)
         return out
@@ -174,6 +203,7 @@ class SeqPool:
         if slot.busy:
             return None
         slot.tokens = []
+        slot.pin_until = 0.0
         return slot.seq
 
     def reset(self) -> None:
@@ -181,6 +211,7 @@ class SeqPool:
             self._unpin(s)
             s.tokens = []
             s.busy = False
+            s.pin_until = 0.0
 
     def _committed_common(self, slot: Slot, prompt: list[int], live: Live | None) -> int:
         if not slot.busy:

@@ -40,7 +40,7 @@ from .prompt import PromptBuilder, PromptError
 from .request import Request
 from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
-from .toolhook import PlanError
+from .toolhook import PlanError, template_switches
 
 MAX_TOP_LOGPROBS = 20
 IDLE_POLL_MS = 200
@@ -334,9 +334,12 @@ class WorkerServer:
             )  # fmt: skip
             req.schema_receipt = receipt
             req.logprobs = msg.logprobs
+            req.pin_ttl_s = max(0.0, float(msg.pin_ttl_s or 0.0))
             if plan is not None:
                 req.hook = plan.hook(tokens)
                 req.tool_replay = plan.replay
+            elif self.tools is not None and (thinking := self.tools.thinking_hook(msg)) is not None:
+                req.hook = thinking(tokens)
             if not self.cancelled(msg.id, peer):
                 req.sampler = self.engine.make_sampler(msg.sampling, grammar)
         except (PromptError, PlanError) as exc:
@@ -406,7 +409,8 @@ class WorkerServer:
             if isinstance(msg, Detokenize):
                 return DetokenizeResult(id=msg.id, text=e.detokenize(msg.tokens))
             if isinstance(msg, Render):
-                return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt))
+                extra = template_switches(msg.template_kwargs)
+                return RenderResult(id=msg.id, text=self.prompts.render(msg.messages, msg.tools, msg.add_generation_prompt, extra))
             if isinstance(msg, CountTokens):
                 if msg.messages is not None:
                     return CountResult(id=msg.id, count=len(self.prompts.tokenize_messages(msg.messages, msg.tools, msg.add_generation_prompt, bounded=False)))

@@ -1,4 +1,5 @@
-"""Chat templates: the GGUF's own Jinja template in a sandbox, or a built-in one by architecture."""
+"""Chat templates: the GGUF's own Jinja template in a sandbox, a built-in one by architecture, or a
+Modelfile's TEMPLATE (Ollama's Go text/template, rendered by barrel_inference.gotemplate)."""
 
 from __future__ import annotations
 
@@ -109,9 +110,13 @@ class ChatTemplate:
 
     @classmethod
     def choose(
-        cls, override: str | None, gguf_template: str | None, architecture: str, bos_token: str, eos_token: str
+        cls, override: str | None, gguf_template: str | None, architecture: str, bos_token: str, eos_token: str,
+        go_template: str | None = None,
     ) -> "ChatTemplate":
-        """Override (a built-in name or Jinja text) > the GGUF's own > the architecture's built-in."""
+        """A Modelfile's Go template > override (a built-in name or Jinja text) > the GGUF's own > the
+        architecture's built-in. (The gateway sends a Go template only where the operator set no chat_template.)"""
+        if go_template:
+            return GoChatTemplate(go_template, "modelfile", bos_token, eos_token)  # type: ignore[return-value]
         if override:
             if override in BUILTIN:
                 return cls(BUILTIN[override], override, bos_token, eos_token)
@@ -139,3 +144,46 @@ class ChatTemplate:
             raise TemplateError(f"chat template failed: {exc}") from exc
         except Exception as exc:  # templates can raise anything from inside the sandbox
             raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+class GoChatTemplate:
+    """A Modelfile's TEMPLATE (Ollama's Go text/template) with ChatTemplate's interface. It renders what
+    Ollama would: the generation prompt always follows the conversation (Ollama's templates have no
+    add_generation_prompt switch); the request's enable_thinking / reasoning_effort become its
+    .Think / .IsThinkSet / .ThinkLevel."""
+
+    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = ""):
+        from ..gotemplate import GoTemplateError, OllamaTemplate
+
+        self.source = source
+        self.name = name
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = OllamaTemplate(source)
+        except GoTemplateError as exc:
+            raise TemplateError(f"model template does not parse: {exc}") from exc
+
+    def render(self, messages: list[ChatMessage], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+               extra: dict | None = None) -> str:  # fmt: skip
+        from ..gotemplate import GoTemplateError
+
+        extra = extra or {}
+        think = bool(extra["enable_thinking"]) if "enable_thinking" in extra else None
+        try:
+            return self._template.render([_go_message(m) for m in messages], tools, think=think,
+                                         think_level=str(extra.get("reasoning_effort") or ""))  # fmt: skip
+        except GoTemplateError as exc:
+            raise TemplateError(f"model template failed: {exc}") from exc
+
+
+def _go_message(m: ChatMessage) -> dict:
+    calls = []
+    for c in m.tool_calls:
+        try:
+            args = json.loads(c.arguments) if c.arguments else {}
+        except ValueError:
+            args = {}
+        calls.append({"id": c.id, "name": c.name, "arguments": args})
+    return {"role": m.role, "content": m.content, "thinking": m.thinking or "", "tool_calls": calls,
+            "tool_name": m.name or "", "tool_call_id": m.tool_call_id or ""}  # fmt: skip

@@ -32,6 +32,11 @@ from .schema_gbnf import convert
 _RESERVED = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
 
 
+def template_switches(kwargs: dict | None) -> dict:
+    """A request's template kwargs without the variables the renderer itself sets."""
+    return {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED}
+
+
 class PlanError(Exception):
     def __init__(self, code: ErrorCode, message: str, param: str | None = None):
         super().__init__(message)
@@ -109,7 +114,7 @@ class ModelTools:
     def plan(self, msg: Submit) -> Plan:
         choice = msg.tool_choice
         tools = list(msg.tools or []) if choice != "none" else []
-        kwargs = {k: v for k, v in (msg.template_kwargs or {}).items() if k not in _RESERVED}
+        kwargs = template_switches(msg.template_kwargs)
         if choice is not None and choice != "none":
             kwargs.setdefault("tool_choice", choice)
         replay: dict[str, int] = {}
@@ -161,6 +166,21 @@ class ModelTools:
             return ToolHook(self, cap, span_grammar=None if own else span, thinking_budget=budget)
 
         return Plan(messages, template_tools, kwargs, grammar, hook, replay, replayed, base if replayed else None)
+
+    def thinking_hook(self, msg: Submit):
+        """For a request with a prompt already rendered (Ollama's /api/generate renders its chat turn through
+        Render, then sends tokens) that turned thinking on (template_kwargs enable_thinking): a hook that
+        splits the reply into thinking and text, as a chat request's would. None otherwise."""
+        if self.thinking is None or not (msg.template_kwargs or {}).get("enable_thinking"):
+            return None
+        budget = msg.thinking_budget
+
+        def hook(prompt: list[int]) -> ToolHook:
+            in_thinking = self.engine.detokenize(prompt[-8:], special=True).rstrip().endswith(self.thinking[0])
+            return ToolHook(self, Capture(None, None, thinking=self.thinking, in_thinking=in_thinking), span_grammar=None,
+                            thinking_budget=budget)  # fmt: skip
+
+        return hook
 
     def _replayed(self, messages: list[ChatMessage], counts: dict[str, int], replayed: dict) -> list[ChatMessage]:
         """Assistant turns whose calls this worker wrote: their content becomes the exact bytes it

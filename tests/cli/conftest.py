@@ -49,9 +49,10 @@ class Daemon:
 
 
 class DaemonThread:
-    def __init__(self, tmp: Path, tiny: Path):
+    def __init__(self, tmp: Path, tiny: Path, **settings: object):
         self.tmp = tmp
         self.tiny = tiny
+        self.extra_settings = settings
         self.ready = threading.Event()
         self.daemon: Daemon | None = None
         self.error: BaseException | None = None
@@ -72,7 +73,8 @@ class DaemonThread:
             port = free_port()
             settings = Settings(host="127.0.0.1", port=port, model_cache_dir=str(self.tmp / "cache"), runtime_dir=str(self.tmp / "run"),
                                 embed_default_model=False, models={MODEL: ModelSettings(endpoint=worker.endpoint, insecure=True)},
-                                hf_endpoint=hf.url, ollama_registry=ol.url, ollama_search_url=ol.url, log_json=True)  # fmt: skip
+                                hf_endpoint=hf.url, ollama_registry=ol.url, ollama_search_url=ol.url, log_json=True,
+                                **self.extra_settings)  # fmt: skip
             self.log = io.StringIO()
             logger = make_logger(settings, stream=self.log)
             registry = Registry(settings, logger=logger)

@@ -263,3 +263,29 @@ def test_ago():
     assert ago("2025-03-01T11:57:00+00:00", now) == "3 minutes ago"
     assert ago("2025-02-27T12:00:00Z", now) == "2 days ago"
     assert ago("3 weeks ago", now) == "3 weeks ago"
+
+
+def test_api_key_is_sent_and_a_refusal_says_how_to_give_one(tmp_path, tiny_gguf):
+    """A daemon with api_keys: bictl without a key is refused with a hint; with the admin key (option or
+    environment) management commands work; a non-admin key is refused for them."""
+    from barrel_inference.config import ApiKey
+
+    from .conftest import DaemonThread
+
+    t = DaemonThread(tmp_path, tiny_gguf, api_keys=[ApiKey(key="admin-key", admin=True), ApiKey(key="user-key")])
+    d = t.start()
+    try:
+        env = {"BARREL_INFERENCE_HOST": d.host}
+        runner = CliRunner()
+        r = runner.invoke(main, ["list"], env=env)
+        assert r.exit_code == 1 and "--api-key or BARREL_INFERENCE_API_KEY" in r.stderr
+        r = runner.invoke(main, ["--api-key", "admin-key", "list"], env=env)
+        assert r.exit_code == 0 and MODEL in r.stdout
+        r = runner.invoke(main, ["cp", "fake", "copy:one"], env={**env, "BARREL_INFERENCE_API_KEY": "admin-key"})
+        assert r.exit_code == 0, r.stderr
+        r = runner.invoke(main, ["cp", "fake", "copy:two"], env={**env, "BARREL_INFERENCE_API_KEY": "user-key"})
+        assert r.exit_code == 1 and "is not enough" in r.stderr and "admin key" in r.stderr
+        r = runner.invoke(main, ["--api-key", "admin-key", "--json", "list"], env=env)
+        assert sorted(m["name"] for m in json.loads(r.stdout)) == ["copy:one", MODEL]
+    finally:
+        t.stop()

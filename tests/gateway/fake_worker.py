@@ -16,8 +16,11 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   FREEZE   -> the worker stops answering anything (pings included) but stays alive: a hung worker
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
+  NOKEEP   -> the request's cache is not kept (its Done says it committed nothing)
 Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
-cached 2); CountTokens of messages counts the same way.
+cached 2); CountTokens of messages counts the same way. A request's Done says its evaluated prompt
+tokens (prompt - cached) stay cached for the next one (CacheInfo.committed_tokens), as a real worker
+whose sequence is kept does.
 An Embed with an input containing STALL is never answered.
 """
 
@@ -38,7 +41,7 @@ from barrel_inference.protocol import (
     PROTOCOL_VERSION, REPLY_OF, Abort, Accepted, Connect, Delta, Done, Embed, EmbedResult, ErrorCode, ErrorInfo,
     FinishReason, GetStats, Hello, Ping, Pong, StatsResult, Submit, TextPart, ThinkingPart, Tick, Timings, Tokenize, TokenizeResult,
     ToolCallArgs, ToolCallEnd, ToolCallStart, Usage, WorkerCodec, CountResult, CountTokens, Detokenize, DetokenizeResult,
-    Render, RenderResult,
+    Render, RenderResult, CacheInfo,
 )  # fmt: skip
 from barrel_inference.protocol import HelperCall
 
@@ -157,6 +160,7 @@ class FakeWorker:
     def call(self, msg):
         if isinstance(msg, GetStats):
             return StatsResult(id=msg.id, stats={"submits": len(self.submits), "running": len(self._running),
+                                                 "submit_ids": [s.id for s in self.submits][-64:], "pid": os.getpid(),
                                                  "profile": {"decode_ms": 1.5, "sample_ms": 0.25}})  # fmt: skip
         if isinstance(msg, CountTokens):
             return CountResult(id=msg.id, count=prompt_size(msg.messages or [], msg.tools) if msg.messages is not None
@@ -234,7 +238,9 @@ class FakeWorker:
                 await self._send(peer, Tick(deltas=[Delta(id=s.id, parts=parts, tokens=tokens, n_tokens=1)]))
             usage.completion_tokens = n
             reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
-            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0))]))  # fmt: skip
+            evaluated = usage.prompt_tokens - usage.cached_tokens
+            cache = CacheInfo(kind="prefix", evaluated_tokens=evaluated, committed_tokens=0 if "NOKEEP" in words else evaluated)
+            await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0), cache=cache)]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)
 
@@ -270,6 +276,8 @@ async def _main(argv: list[str]) -> int:
     p.add_argument("--argv-file", default=None, help="write the command line here (tests check the flags)")
     p.add_argument("--pid-file", default=None)
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a stuck worker)")
+    p.add_argument("--cpu-affinity", default=None, help="pin to these cores, as the real worker does")
+    p.add_argument("--env-file", default=None, help="write the device environment and the affinity here (JSON)")
     args, _rest = p.parse_known_args(argv)
     if args.argv_file:
         with open(args.argv_file, "a") as f:
@@ -277,6 +285,15 @@ async def _main(argv: list[str]) -> int:
     if args.pid_file:
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
+    if args.cpu_affinity:
+        from barrel_inference.worker.__main__ import pin_cores
+
+        pin_cores(args.cpu_affinity)
+    if args.env_file:
+        seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+        seen["cores"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        with open(args.env_file, "a") as f:
+            f.write(json.dumps({"bind": args.bind, **seen}) + "\n")
     if args.fail_start:
         # free text another client's request may have put in the log, then the worker's typed failure
         print("fake worker: request req-other prompt 'secret text of another client'", file=sys.stderr, flush=True)

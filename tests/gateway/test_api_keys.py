@@ -146,3 +146,75 @@ def test_find_key_compares_whole_keys():
     keys = [ApiKey(key="a"), ApiKey(key="b")]
     assert find_key("b", keys) is keys[1] and find_key("c", keys) is None and find_key(None, keys) is None
     assert find_key("ab", keys) is None and find_key("a", []) is None
+
+
+# ---- per-key model permissions ----------------------------------------------------------------------------
+
+LIMITED = [
+    ApiKey(key="sk-fake", models=["fake"]),  # a tag-less name allows its :latest
+    ApiKey(key="sk-alias", models=["gpt-4o"]),  # by the alias only
+    ApiKey(key="sk-other", models=["qwen*", "llama3:8b"]),
+]
+GENERATIONS = [
+    CHAT,
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi"}),
+    ("POST", "/v1/embeddings", {"model": MODEL, "input": "hi"}),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi"}),
+    MESSAGES,
+    ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}),
+    ("POST", "/api/generate", {"model": MODEL, "prompt": "hi", "stream": False}),
+    ("POST", "/api/embed", {"model": MODEL, "input": "hi"}),
+]
+
+
+def _as(route, model):
+    method, path, body = route
+    return method, path, {**body, "model": model}
+
+
+@pytest.mark.parametrize("route", GENERATIONS, ids=lambda r: r[1])
+async def test_a_key_limited_to_other_models_gets_403_in_each_familys_envelope(make_gateway, fake_worker, route):
+    gw = await make_gateway(fake_worker.endpoint, api_keys=LIMITED)
+    r = await call(gw, route, bearer("sk-other"))
+    assert r.status_code == 403, r.text
+    body = r.json()
+    if route[1].startswith("/api/"):
+        assert body == {"error": f"this API key may not use model {MODEL!r}"}
+    elif route[1].startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "permission_error" and MODEL in body["error"]["message"]
+    else:
+        assert body["error"]["code"] == "forbidden" and body["error"]["param"] == "model"
+    assert not fake_worker.submits  # refused before the model ran
+    r = await call(gw, route, bearer("sk-fake"))
+    assert r.status_code == 200, r.text
+
+
+async def test_model_permissions_match_names_and_aliases(make_gateway, fake_worker):
+    gw = await make_gateway(fake_worker.endpoint, api_keys=LIMITED)
+    assert (await call(gw, _as(CHAT, "gpt-4o"), bearer("sk-fake"))).status_code == 200  # the alias's model is allowed
+    assert (await call(gw, _as(CHAT, "gpt-4o"), bearer("sk-alias"))).status_code == 200
+    assert (await call(gw, _as(CHAT, MODEL), bearer("sk-alias"))).status_code == 403  # not by its registry name
+    assert (await call(gw, _as(CHAT, "nothing:1b"), bearer("sk-other"))).status_code == 404  # unknown stays unknown
+    assert (await call(gw, _as(CHAT, "nothing:1b"), bearer("sk-fake"))).status_code == 404
+
+
+async def test_anthropic_keys_in_table_form_restrict_models(make_gateway, fake_worker):
+    from barrel_inference.config import AnthropicKey
+
+    gw = await make_gateway(fake_worker.endpoint, anthropic_api_keys=["sk-any", AnthropicKey(key="sk-limited", models=["qwen*"])])
+    assert (await call(gw, MESSAGES, {"x-api-key": "sk-any"})).status_code == 200  # the string form: every model
+    r = await call(gw, MESSAGES, {"x-api-key": "sk-limited"})
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert (await call(gw, MESSAGES, {"x-api-key": "sk-wrong"})).status_code == 401
+
+
+def test_both_forms_of_anthropic_keys_load_from_toml(tmp_path):
+    from barrel_inference.config import load_settings
+
+    path = tmp_path / "c.toml"
+    path.write_text('anthropic_api_keys = ["sk-a", { key = "sk-b", models = ["claude-*"] }]\n'
+                    'api_keys = [{ key = "sk-c", families = ["openai"], models = ["qwen:7b"] }]\n')  # fmt: skip
+    keys = load_settings(path, env={}).all_api_keys()
+    assert [(k.key, k.families, k.models) for k in keys] == [
+        ("sk-c", ["openai"], ["qwen:7b"]), ("sk-a", ["anthropic"], []), ("sk-b", ["anthropic"], ["claude-*"])]

@@ -83,3 +83,6 @@ def test_kv_selftest_line_of_the_doctor_report():
     swa = {"exact_up_to": 512, "probes": [{"tokens": 512, "exact": True, "max_abs_diff": 0.0},
                                          {"tokens": 576, "exact": False, "max_abs_diff": 1.5}]}  # fmt: skip
     assert kv_selftest_text(swa) == "exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 1.5)"
+    line = kv_selftest_text({**swa, "flash_attn": "auto"})
+    assert line.endswith('576 tokens off by 1.5; flash_attn auto (flash_attn = "off" makes restores exact on sliding-window models, at some prefill speed))')
+    assert kv_selftest_text({**exact, "flash_attn": "off"}) == "exact (256 tokens exact; flash_attn off)"

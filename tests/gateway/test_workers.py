@@ -83,6 +83,10 @@ def test_worker_argv_and_slug():
     argv = worker_argv(["python", "-m", "w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), opts)
     assert argv == ["python", "-m", "w", "--bind", "ipc:///r/a.sock", "--model-path", "/m.gguf", "--model-name", "a:b",
                     "--n-seq-max", "2", "--n-ctx", "1024", "--chat-template", "chatml"]  # fmt: skip
+    fa = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(flash_attn="off"))
+    assert fa[-2:] == ["--flash-attn", "off"]
+    assert engine_options(Settings(), StubRecord("x:1")).flash_attn == "auto"
+    assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"
     long_a, long_b = ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q4"), ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q5")
@@ -275,3 +279,22 @@ def test_tool_flags_from_the_manifest_and_the_operators_hand(tmp_path):
     flags = dict(zip(*[iter(tool_argv(by_hand, record))] * 2))
     assert (flags["--tool-format"], flags["--thinking-start"], flags["--thinking-end"]) == ("angle", "<t>", "</t>")
     assert flags["--tool-replay-path"] == str(tmp_path / "r" / "q-1.sqlite")
+
+
+def test_a_modelfile_template_goes_to_the_worker_unless_the_operator_set_a_chat_template(tmp_path):
+    from dataclasses import dataclass
+
+    from barrel_inference.gateway.process import template_argv, tool_settings
+
+    @dataclass
+    class Created(StubRecord):
+        template: str | None = None
+        template_format: str = ""
+
+    go = "{{ range .Messages }}<tool_call>{{ .Content }}{{ end }}"
+    settings = Settings(model_cache_dir=str(tmp_path))
+    assert template_argv(settings, Created("m:1", template=go, template_format="go")) == ["--go-template", go]
+    assert template_argv(settings, Created("m:1", template=go)) == []  # a pulled model's template: shown, not rendered
+    assert tool_settings(settings, Created("m:1", template=go, template_format="go"))["tool_format"] == "qwen-xml"
+    mine = Settings(model_cache_dir=str(tmp_path), models={"m:1": ModelSettings(chat_template="chatml")})
+    assert template_argv(mine, Created("m:1", template=go, template_format="go")) == []  # the operator's wins

@@ -48,7 +48,10 @@ async def test_create_stream_and_count_tokens_agree(daemon):
     assert final.content == [] and text == "" or final.content[0].text == text
     # the same prompt again: this time it came from the KV cache (its greedy text may differ slightly: see README)
     assert final.usage.cache_read_input_tokens > 0 and final.stop_reason in ("end_turn", "max_tokens")
-    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted.input_tokens
+    f = final.usage
+    assert f.input_tokens + f.cache_read_input_tokens + f.cache_creation_input_tokens == counted.input_tokens
+    # what the first request evaluated stayed in the worker's cache: it reports it as created, never more
+    assert u.cache_creation_input_tokens == counted.input_tokens - u.cache_read_input_tokens > 0 and u.input_tokens == 0
 
 
 async def test_errors_from_the_real_daemon(daemon):
@@ -60,6 +63,16 @@ async def test_errors_from_the_real_daemon(daemon):
     with pytest.raises(anthropic.BadRequestError) as info:
         await client(daemon).messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}])
     assert info.value.body["error"]["type"] == "invalid_request_error" and "2048" in info.value.body["error"]["message"]
+
+
+async def test_count_tokens_counts_a_prompt_longer_than_the_context(daemon):
+    """The context limit applies to generating; counting a prompt over it answers its size (as the real API does)."""
+    c = client(daemon)
+    long = [{"role": "user", "content": "word " * 3000}]
+    counted = await c.messages.count_tokens(model="tiny", messages=long, system=[{"type": "text", "text": "x " * 2000}])
+    assert counted.input_tokens > 2048 + 3000
+    with pytest.raises(anthropic.BadRequestError):  # generating it is still refused
+        await c.messages.create(model="tiny", max_tokens=4, messages=long)
 
 
 async def test_models_list_shows_names_and_aliases(daemon):
@@ -155,4 +168,36 @@ def test_forced_tool_use_round_trip_on_control_token_markers(tmp_path):
         stats = httpx.get(d.url + "/api/stats", params={"model": "qwen"}, timeout=30).json()
         replay = stats.get("tool_replay_lookups") or stats["stats"]["tool_replay_lookups"]
         assert replay["hit"] == 1  # the toolu_ id found the call the model wrote
-        assert follow.usage.cache_read_input_tokens > msg.usage.input_tokens  # the first turn's cache was reused
+        first_evaluated = msg.usage.input_tokens + msg.usage.cache_creation_input_tokens
+        assert follow.usage.cache_read_input_tokens > first_evaluated  # the first turn's cache was reused
+
+
+async def test_a_cache_control_pin_keeps_a_conversation_that_retention_would_drop(tiny_gguf, tmp_path):
+    """Three conversations on three sequences, idle caches limited to 100 tokens and no saved-state tiers:
+    retention drops the least recently used unpinned cache. The first conversation marks its prompt with
+    cache_control: it survives (its next turn reads its cache) and the second one goes instead."""
+    defaults = "max_retained_tokens = 100\nkv_ram_bytes = 0\n"
+    with Daemon(tmp_path, {"tiny": tiny_gguf}, n_seq_max=3, n_ctx=1024, threads=1, defaults=defaults) as d:
+        c = client(d, api_key="unused")
+
+        async def turn(messages):
+            return await c.messages.create(model="tiny", max_tokens=4, messages=messages, extra_body={"temperature": 0.0})
+
+        def first(word, mark=False):
+            block = {"type": "text", "text": (word + " ") * 12}
+            if mark:
+                block["cache_control"] = {"type": "ephemeral"}
+            return [{"role": "user", "content": [block]}]
+
+        def follow(msgs, reply):
+            return [*msgs, {"role": "assistant", "content": [b.model_dump() for b in reply.content] or "ok"},
+                    {"role": "user", "content": "and then"}]  # fmt: skip
+
+        a, b, cc = first("alpha", mark=True), first("bravo"), first("charlie")
+        ra, rb = await turn(a), await turn(b)
+        await turn(cc)  # three idle caches of ~80 tokens: over the limit, the oldest unpinned one goes
+        ua = ra.usage
+        assert ua.cache_creation_input_tokens > 50 and ua.input_tokens == 0  # what it evaluated stayed cached
+        a2, b2 = await turn(follow(a, ra)), await turn(follow(b, rb))
+        assert a2.usage.cache_read_input_tokens >= ua.cache_read_input_tokens + ua.cache_creation_input_tokens
+        assert b2.usage.cache_read_input_tokens < 10  # only the chat template's opening, shared with the others

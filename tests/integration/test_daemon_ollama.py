@@ -145,3 +145,37 @@ async def test_gemma_generate_raw_and_templated_with_context(tmp_path, gemma_ggu
         assert r.response.strip() and r.context[0] == 2 and r.context[1] != 2  # one BOS
         more = await c.generate(model="gemma3:270m", prompt="And another?", context=r.context, options={"temperature": 0, "num_predict": 12})
         assert more.context[: len(r.context)] == list(r.context) and more.prompt_eval_count < len(more.context)
+
+
+def _text_of(ids: list[int]) -> str:
+    """The tiny vocabulary's text of token ids: bytes, the merges, then the special tokens (tinymodel.py)."""
+    from tinymodel import MERGES, SPECIALS
+
+    merged = [(a + b).replace("Ġ", " ") for a, b in MERGES]
+    return b"".join(bytes([t]) if t < 256 else (merged + SPECIALS)[t - 256].encode() for t in ids).decode("utf-8", "replace")
+
+
+async def test_a_model_created_with_a_template_renders_with_it(client):
+    """A Modelfile TEMPLATE (Go text/template) becomes the model's chat template: /api/generate's `context` holds
+    the prompt as that template rendered it, /api/chat renders the conversation with it; a template that fails
+    on a request's data is that request's 400, and the model goes on serving."""
+    template = ('{{- range $i, $m := .Messages }}{{ if eq $m.Role "user" }}Q{{ $i }}: {{ $m.Content }}\n'
+                '{{- else }}A{{ $i }}: {{ $m.Content }}\n{{- end }}{{ end }}\nA: ')  # fmt: skip
+    progress = [p async for p in await client.create(model="qa", from_="tiny", template=template, stream=True)]
+    assert progress[-1].status == "success"
+    assert (await client.show("qa")).template == template
+    r = await client.generate(model="qa", prompt="hello there", options=OPTS)
+    prompt = _text_of(r.context)
+    assert prompt.startswith("Q0: hello there\nA: ") and "<|im_start|>" not in prompt  # not the GGUF's ChatML
+    chat = await client.chat(model="qa", messages=[{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+                                                   {"role": "user", "content": "three"}], options=OPTS)  # fmt: skip
+    assert chat.done and chat.prompt_eval_count > 0
+    await client.create(model="qa-broken", from_="tiny", template="{{ index .Messages 5 }}")
+    with pytest.raises(ollama.ResponseError) as info:
+        await client.generate(model="qa-broken", prompt="x", options=OPTS)
+    assert info.value.status_code == 400 and "index out of range" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        await client.create(model="qa-bad", from_="tiny", template='{{ template "x" }}')
+    assert info.value.status_code == 400 and "{{ template }} is not supported" in info.value.error
+    again = await client.generate(model="qa", prompt="hello there", options=OPTS)
+    assert again.done

@@ -234,9 +234,9 @@ async def test_metrics_show_each_workers_sequences_kv_cells_and_load_time(daemon
         assert m, pattern
         return float(m.group(1))
 
-    busy = value(r'barrel_inference_sequences\{model="tiny:latest",state="busy"\}')
-    free = value(r'barrel_inference_sequences\{model="tiny:latest",state="free"\}')
+    busy = value(r'barrel_inference_sequences\{model="tiny:latest",replica="0",state="busy"\}')
+    free = value(r'barrel_inference_sequences\{model="tiny:latest",replica="0",state="free"\}')
     assert busy + free == 2 and free >= 1  # n_seq_max = 2; the finished request freed its sequence
-    assert value(r'barrel_inference_kv_cells_used\{model="tiny:latest"\}') > 0  # the idle sequence keeps its prefix
-    assert value(r'barrel_inference_worker_load_seconds\{model="tiny:latest"\}') > 0
-    assert 'barrel_inference_worker_starts_total{kind="first",model="tiny:latest"}' in text
+    assert value(r'barrel_inference_kv_cells_used\{model="tiny:latest",replica="0"\}') > 0  # the idle sequence keeps its prefix
+    assert value(r'barrel_inference_worker_load_seconds\{model="tiny:latest",replica="0"\}') > 0
+    assert 'barrel_inference_worker_starts_total{kind="first",model="tiny:latest",replica="0"}' in text

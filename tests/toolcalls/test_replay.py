@@ -64,3 +64,24 @@ def test_tokens_are_kept_beside_the_bytes(tmp_path):
     assert m.entry("call_a") == (SPAN, [267, 90000, 5, 268])
     assert m.lookup_calls(["a"]) == (SPAN.decode(), [267, 90000, 5, 268], "hit")
     assert m.lookup_calls(["b"])[1] is None
+
+
+def test_replicas_open_one_file_at_once(tmp_path):
+    """A model's replicas start together and share the map: opening a file that another process is
+    creating waits for it instead of failing ("database is locked")."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for k in range(3):
+        path = tmp_path / f"r{k}.sqlite"
+        with ctx.Pool(4) as pool:
+            assert pool.map(_open_and_put, [(str(path), f"call_{i}") for i in range(4)]) == [True] * 4
+        shared = ReplayMap(path)
+        assert all(shared.get(f"call_{i}") == f"raw {i}".encode() for i in range(4))
+
+
+def _open_and_put(args) -> bool:
+    path, call_id = args
+    m = ReplayMap(path)
+    m.put(call_id, f"raw {call_id[-1]}".encode())
+    return True

@@ -51,3 +51,20 @@ def test_sandbox_blocks_attribute_escape_and_raise_exception_is_an_error():
 def test_builtins_all_compile():
     for name, src in BUILTIN.items():
         assert ChatTemplate(src, name).render([ChatMessage("user", "x")])
+
+
+def test_a_modelfile_go_template_renders_chat_messages_with_calls_tools_and_think():
+    from barrel_inference.protocol import ToolCall
+
+    src = ('{{ range .Tools }}T:{{ .Function.Name }};{{ end }}{{ range .Messages }}{{ .Role }}={{ .Content }}'
+           '{{ range .ToolCalls }}({{ .Function.Name }} {{ .Function.Arguments }}){{ end }}{{ .ToolName }}|{{ end }}'
+           '{{ if .Think }}<think>{{ end }}')  # fmt: skip
+    t = ChatTemplate.choose("chatml", None, "llama", "<s>", "</s>", go_template=src)
+    assert t.name == "modelfile" and t.source == src and t.bos_token == "<s>"
+    msgs = [ChatMessage(role="user", content="hi"),
+            ChatMessage(role="assistant", content="", tool_calls=[ToolCall(name="f", arguments='{"x": 1}', id="c1")]),
+            ChatMessage(role="tool", content="ok", name="f", tool_call_id="c1")]  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert t.render(msgs, tools, True, {"enable_thinking": True}) == 'T:f;user=hi|assistant=(f {"x":1})|tool=okf|<think>'
+    with pytest.raises(TemplateError, match="does not parse"):
+        ChatTemplate.choose(None, None, "llama", "", "", go_template="{{ if .X }}")

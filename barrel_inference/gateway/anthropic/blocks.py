@@ -143,20 +143,38 @@ def stop_reason_of(done: Done, tool_calls: int) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int, created_tokens: int = 0,
+               ttl_1h: bool = False) -> dict:  # fmt: skip
     """Anthropic usage: input_tokens counts only what was neither read from nor written to a cache.
 
-    cache_read_input_tokens is the worker's real reused-token count. cache_creation_input_tokens is 0:
-    the worker does not yet report what a request committed to a cache the next one can reuse, and
-    this server does not guess it.
+    cache_read_input_tokens is the worker's real reused-token count; cache_creation_input_tokens what
+    the worker says this request newly committed to its cache for the next request to reuse
+    (CacheInfo.committed_tokens: prompt tokens it evaluated that stay cached), never a guess. The
+    `cache_creation` breakdown puts them under the TTL the request pinned its cache for (`ttl_1h`:
+    a cache_control with ttl "1h"; otherwise the 5-minute default).
     """
     cached = max(0, min(cached_tokens, prompt_tokens))
+    created = max(0, min(created_tokens, prompt_tokens - cached))
     return {
-        "input_tokens": prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": prompt_tokens - cached - created,
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": 0 if ttl_1h else created,
+            "ephemeral_1h_input_tokens": created if ttl_1h else 0,
+        },
         "output_tokens": output_tokens,
     }
+
+
+def done_usage(done: Done, ttl_1h: bool = False, prompt_tokens: int = 0, cached_tokens: int = 0) -> dict:
+    """The usage of a finished request from its Done (prompt_tokens / cached_tokens: the admission's
+    figures, for a Done that carries none)."""
+    u = done.usage
+    prompt = u.prompt_tokens or prompt_tokens
+    cached = u.cached_tokens if u.prompt_tokens else cached_tokens
+    created = done.cache.committed_tokens if done.cache is not None else 0
+    return usage_json(prompt, cached, u.completion_tokens, created, ttl_1h)
 
 
 def message_json(message_id: str, model: str, content: list[dict], stop_reason: str | None,

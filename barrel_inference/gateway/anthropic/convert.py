@@ -4,7 +4,9 @@ System (a string or text blocks) becomes one system message; a user turn's tool_
 tool messages (in order, before the turn's text); an assistant turn's thinking, text and tool_use
 blocks become one assistant message with its thinking and tool calls. Blocks this server cannot use
 (image, document, server tool results...) and server tools (web_search, bash...) are refused with a
-400 that names the block. cache_control marks are accepted everywhere a block or tool may carry them.
+400 that names the block. cache_control marks are accepted everywhere a block or tool may carry them,
+and honoured as a pin (Submit.pin_ttl_s): the worker keeps the request's cache for the mark's TTL
+(5 minutes, or an hour with `ttl: "1h"`) before retention may drop it for unpinned caches' sake.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..errors import invalid, unsupported
 from .wire import Block, Message, MessagesRequest, Tool, _Prompt
 
 TOOL_ID_PREFIX = "toolu_"
+CACHE_TTL_S = {None: 300.0, "5m": 300.0, "1h": 3600.0}  # cache_control ttl -> seconds the cache is pinned
 
 # block types a client may send that this server cannot turn into text, with a word for each
 _UNSUPPORTED_BLOCKS = {
@@ -239,9 +242,43 @@ def _submit_options(req: _Prompt) -> dict:
     return {k: v for k, v in turn_options(req).items() if k in Submit.__struct_fields__}
 
 
+def _marks(req: _Prompt):
+    """(param, cache_control) of every block and tool that carries one."""
+    if isinstance(req.system, list):
+        for i, block in enumerate(req.system):
+            yield f"system[{i}]", block.cache_control
+    for i, tool in enumerate(req.tools or []):
+        yield f"tools[{i}]", tool.cache_control
+    for i, msg in enumerate(req.messages):
+        if isinstance(msg.content, list):
+            for j, block in enumerate(msg.content):
+                yield f"messages[{i}].content[{j}]", block.cache_control
+                if isinstance(block.content, list):
+                    for k, inner in enumerate(block.content):
+                        yield f"messages[{i}].content[{j}].content[{k}]", inner.cache_control
+
+
+def pin_ttl_of(req: _Prompt) -> float:
+    """The seconds to pin the request's cache for: the longest TTL among its cache_control marks (0: none).
+
+    The real API caches the prefix up to each marked block; the worker pins the request's whole cache
+    (the prompt, the last marked block included, and the reply), which keeps that prefix and a little more.
+    """
+    ttl = 0.0
+    for param, mark in _marks(req):
+        if mark is None:
+            continue
+        if mark.ttl not in CACHE_TTL_S:
+            raise invalid(f"{param}.cache_control.ttl: must be \"5m\" or \"1h\", got {mark.ttl!r}", f"{param}.cache_control.ttl")
+        ttl = max(ttl, CACHE_TTL_S[mark.ttl])
+    return ttl
+
+
 def to_submit(req: MessagesRequest, request_id: str) -> Submit:
     _check_model(req)
+    pin = pin_ttl_of(req)
     return Submit(
+        **({"pin_ttl_s": pin} if pin and "pin_ttl_s" in Submit.__struct_fields__ else {}),
         **_submit_options(req),
         id=request_id,
         messages=messages_of(req),

@@ -15,12 +15,13 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from ...protocol import CountTokens
+from ..auth import permit_model
 from ..errors import GatewayError, invalid
 from ..generation import Result, record_rejected
 from ..http import JSONBody, client_request_id, new_id
 from ..lifecycle import Adapter, Context, read_body, serve
-from .blocks import ContentAssembler, message_json, stop_reason_of, usage_json
-from .convert import prompt_of, to_submit
+from .blocks import ContentAssembler, done_usage, message_json, stop_reason_of
+from .convert import CACHE_TTL_S, pin_ttl_of, prompt_of, to_submit
 from .definition import FAMILY
 from .models import list_of, model_info, page
 from .stream import MessageStreamEncoder
@@ -47,16 +48,19 @@ class MessagesAdapter(Adapter):
         return to_submit(req, rid)
 
     def encoder(self, req: MessagesRequest, ctx: Context) -> "_Encoder":
-        return _Encoder(ctx)
+        return _Encoder(ctx, _ttl_1h(req))
 
     def response(self, req: MessagesRequest, ctx: Context, result: Result) -> dict:
         blocks = ContentAssembler()
         blocks.feed(result.parts)
         blocks.finish()
         stop_reason, stop_sequence = stop_reason_of(result.done, blocks.tool_calls)
-        u = result.done.usage
-        usage = usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+        usage = done_usage(result.done, _ttl_1h(req), ctx.accepted.prompt_tokens, ctx.accepted.cached_tokens)
         return message_json(ctx.id, ctx.model, blocks.content, stop_reason, stop_sequence, usage)
+
+
+def _ttl_1h(req: MessagesRequest) -> bool:
+    return pin_ttl_of(req) >= CACHE_TTL_S["1h"]
 
 
 class _Encoder:
@@ -64,9 +68,9 @@ class _Encoder:
 
     keepalive_s = 15.0  # a ping when nothing else was sent for this long (a long prefill)
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, ttl_1h: bool = False) -> None:
         self.ctx = ctx
-        self.enc = MessageStreamEncoder(ctx.id, ctx.model)
+        self.enc = MessageStreamEncoder(ctx.id, ctx.model, ttl_1h)
 
     def start(self) -> bytes:
         a = self.ctx.accepted
@@ -103,6 +107,7 @@ async def count_tokens(request: Request) -> Response:
         except WireError as exc:
             raise invalid(str(exc), exc.param) from None
         messages_, tools = prompt_of(req)
+        await permit_model(request.scope, state, req.model)
         handle = await state.models.get(req.model)
         reply = await handle.call(CountTokens(id=rid, messages=messages_, tools=tools, add_generation_prompt=True))
         if reply.error is not None:

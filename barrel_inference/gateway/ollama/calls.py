@@ -18,8 +18,9 @@ async def _call(handle: Any, call: Any) -> Any:
     return result
 
 
-async def render(handle: Any, messages: list[ChatMessage]) -> str:
-    return (await _call(handle, Render(id="", messages=messages))).text
+async def render(handle: Any, messages: list[ChatMessage], template_kwargs: dict | None = None) -> str:
+    """The chat template's text of `messages`; template_kwargs: its switches (enable_thinking, reasoning_effort)."""
+    return (await _call(handle, Render(id="", messages=messages, template_kwargs=dict(template_kwargs or {})))).text
 
 
 async def tokenize(handle: Any, text: str, *, add_special: bool, parse_special: bool) -> list[int]:

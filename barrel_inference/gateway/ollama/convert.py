@@ -6,6 +6,8 @@ import datetime as dt
 import json
 from typing import Any
 
+import msgspec
+
 from ...registry.layout import bare_hex
 
 FOREVER = "2318-01-01T00:00:00Z"  # what a model without an unload deadline reports as expires_at
@@ -57,14 +59,16 @@ def tag_item(record: Any) -> dict:
 ENCODER_ARCHITECTURES = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder", "neo-bert", "modern-bert")
 
 
-def capabilities(record: Any) -> list[str]:
-    """Ollama's capability names, from the pull-time scan: completion, tools, thinking, embedding."""
+def capabilities(record: Any, tools: dict | None = None) -> list[str]:
+    """Ollama's capability names: completion, tools, thinking, embedding. `tools`: the tool format and
+    thinking markers the model's worker uses (gateway.process.tool_settings: the operator's settings over
+    the pull-time scan); without it, the scan's alone."""
     details = getattr(record, "details", None) or {}
     arch = details.get("architecture", "")
     info = details.get("model_info") or {}
     encoder = arch in ENCODER_ARCHITECTURES
     caps = [] if encoder else ["completion"]
-    loader = getattr(record, "loader", None) or {}
+    loader = tools if tools is not None else (getattr(record, "loader", None) or {})
     if loader.get("tool_format") and not encoder:
         caps.append("tools")
     if loader.get("thinking_start") and not encoder:
@@ -125,15 +129,16 @@ def model_info(d: dict, verbose: bool) -> dict:
     return dict(sorted(info.items()))
 
 
-def show_body(record: Any, *, verbose: bool = False, template: str | None = None) -> dict:
-    """POST /api/show. `template` is the chat template in use (the source's, else the GGUF's) when known."""
+def show_body(record: Any, *, verbose: bool = False, template: str | None = None, tools: dict | None = None) -> dict:
+    """POST /api/show. `template` is the chat template in use (the source's, else the GGUF's) when known;
+    `tools`: see `capabilities`."""
     return {
         "modelfile": modelfile(record),
         "parameters": parameters_text(record.parameters),
         "template": record.template or template or "",
         "details": details(record.details),
         "model_info": model_info(record.details, verbose),
-        "capabilities": capabilities(record),
+        "capabilities": capabilities(record, tools),
         **({"system": record.system} if getattr(record, "system", None) else {}),
         **({"license": "\n".join(record.license)} if getattr(record, "license", None) else {}),
         **({"messages": record.messages} if getattr(record, "messages", None) else {}),
@@ -169,4 +174,6 @@ def ps_item(info: Any) -> dict:
             "reason": getattr(info, "engine_reason", "") or None,
             "weight_buffers": list(getattr(info, "weight_buffers", None) or []),
         },
+        # one entry per replica of the model (pid, device, in flight, routed requests, cache figures)
+        "replicas": [msgspec.to_builtins(r) for r in getattr(info, "replicas", None) or []],
     }

@@ -53,15 +53,24 @@ def with_think(submit: Any, think: bool | str | None) -> Any:
     return submit
 
 
-def with_tool_choice(submit: Any, choice: str | dict | None) -> Any:
-    """Ours: force or forbid a call, where the link carries it (Submit.tool_choice)."""
+def _forces(choice: str | dict | None) -> bool:
+    return choice in ("required", "any") or isinstance(choice, dict)
+
+
+def with_tool_choice(submit: Any, choice: str | dict | None, parallel: bool | None = None) -> Any:
+    """Ours: force or forbid a call, where the link carries it (Submit.tool_choice). A forced call is one
+    call (Ollama has no parallel-calls switch): the worker ends the turn as soon as it is complete, as
+    OpenAI's and Anthropic's do without parallel calls; `parallel: true` (ours) allows several."""
     if choice is None:
+        if parallel is not None:
+            submit.parallel_tool_calls = parallel
         return submit
     if isinstance(choice, str) and choice not in ("auto", "none", "required", "any"):
         raise invalid(f"tool_choice must be auto, none, required or a function, got {choice!r}", "tool_choice")
     if "tool_choice" not in getattr(type(submit), "__struct_fields__", ()):
         raise unsupported("tool_choice is not supported by this server build", "tool_choice")
     submit.tool_choice = choice
+    submit.parallel_tool_calls = parallel if parallel is not None else not _forces(choice)
     return submit
 
 

@@ -3,7 +3,8 @@
 A created model is a new manifest that points at its base's GGUF blob (no copy: the tag shares the blob)
 with its own PARAMETERs, SYSTEM, MESSAGEs, TEMPLATE and LICENSE. Everything is checked before anything is
 written, so a bad parameter is a 400 naming it and nothing changes; the progress statuses are then streamed
-as Ollama streams them.
+as Ollama streams them. A TEMPLATE (Go text/template) is parsed here: one the renderer cannot run is a 400
+naming the construct; the model's worker then renders its prompts with it (gotemplate).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...gotemplate import GoTemplateError, check as check_template
 from ...registry import RegistryError
 from ...registry.layout import bare_hex
 from ...registry.names import normalize
@@ -46,6 +48,14 @@ def _messages(items: list | None) -> list[dict]:
             raise BadRequest(f"messages[{i}] needs a role of system, user, assistant or tool")
         out.append({"role": m["role"], "content": str(m.get("content") or "")})
     return out
+
+
+def _checked_template(template: str) -> str:
+    try:
+        check_template(template)
+    except GoTemplateError as exc:
+        raise BadRequest(f"TEMPLATE: {exc}") from None
+    return template
 
 
 def _layer(kind: str, value: Any) -> str:
@@ -99,6 +109,8 @@ async def create(request: Request) -> Response:
     params = dict(mf.parameters) if mf else {}
     params.update(_typed_parameters(req.parameters))
     template = req.template if req.template is not None else (mf.template if mf else None)
+    if template is not None:
+        _checked_template(template)
     system = req.system if req.system is not None else (mf.system if mf else None)
     messages = _messages(req.messages) if req.messages is not None else (mf.messages if mf else [])
     license_ = ([req.license] if isinstance(req.license, str) else list(req.license)) if req.license is not None else (mf.license if mf else [])
@@ -108,7 +120,7 @@ async def create(request: Request) -> Response:
     data = dict(base)
     data["parameters"] = {**(base.get("parameters") or {}), **params}
     if template is not None:
-        data["template"] = template
+        data["template"], data["template_format"] = template, "go"
     if system is not None:
         data["system"] = system
     if messages:
@@ -153,7 +165,7 @@ async def edit(request: Request) -> Response:
             params[key] = _typed_parameters({key: value})[key]
     data["parameters"] = params
     if req.template is not None:
-        data["template"] = req.template
+        data["template"], data["template_format"] = _checked_template(req.template), "go"
     if req.system is not None:
         data["system"] = req.system
     if req.messages is not None:

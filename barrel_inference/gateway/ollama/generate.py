@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...protocol import Delta, Done, ErrorCode, Submit
+from ..auth import permit_model
+from ..process import tool_settings
 from ..errors import GatewayError, invalid
 from ..family import STATUS, Family, plain_error
 from ..generation import Result, record_rejected
@@ -24,8 +26,8 @@ from ..lifecycle import Adapter, Context, read_body, serve
 from ..keepalive import KeepAliveError, parse_keep_alive
 from . import calls, convert, options as opts, stream as enc
 from .convert_gen import (
-    PartMapper, chat_messages, check_generate, check_think, error_message, generate_messages, schema_of, tools_of,
-    with_think, with_tool_choice,
+    PartMapper, chat_messages, check_generate, check_think, error_message, generate_messages, schema_of, think_switches,
+    tools_of, with_think, with_tool_choice,
 )  # fmt: skip
 from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -87,6 +89,7 @@ class Prepared:
         self.worker = ""  # the worker's name: the model's, or a variant's with the asked engine settings
 
     async def resolve(self) -> Any:
+        await permit_model(self.request.scope, self.state, self.name)
         self.record = await self.state.models.resolve(self.name)
         return self.record
 
@@ -101,6 +104,12 @@ class Prepared:
             self.load_ns = time.monotonic_ns() - t
         self.worker = handle.name
         return handle
+
+    def capabilities(self) -> list[str]:
+        """The resolved model's capabilities, with the tool format and thinking markers its worker uses."""
+        settings = getattr(self.state, "settings", None)
+        tools = tool_settings(settings, self.record) if settings is not None else None
+        return convert.capabilities(self.record, tools)
 
     def engine(self) -> opts.Options:
         return opts.to_engine(getattr(self.record, "parameters", None) or {}, self.options)
@@ -135,7 +144,7 @@ async def generate(request: Request) -> Response:
         check_generate(req)
         schema = schema_of(req.format)
         record = await p.resolve()
-        check_think(req.think, convert.capabilities(record), p.name)
+        check_think(req.think, p.capabilities(), p.name)
         if not req.prompt and not req.context:
             return await _load_or_unload(p, lambda reason: enc.generate_final(p.name, reason, None))
         e = p.engine()
@@ -171,7 +180,7 @@ async def _generate_prompt(handle: Any, req: GenerateRequest, record: Any) -> li
     if req.raw:
         text, add_bos = req.prompt or "", not req.context
     else:
-        text = await calls.render(handle, generate_messages(req, record))
+        text = await calls.render(handle, generate_messages(req, record), think_switches(req.think))
         bos = handle.hello.bos_token
         add_bos = not req.context and not (bos and text.startswith(bos))
     tokens = await calls.tokenize(handle, text, add_special=add_bos, parse_special=True)
@@ -192,7 +201,7 @@ async def chat(request: Request) -> Response:
         schema = schema_of(req.format)
         tools = tools_of(req.tools)
         record = await p.resolve()
-        caps = convert.capabilities(record)
+        caps = p.capabilities()
         check_think(req.think, caps, p.name)
         if tools and "tools" not in caps:
             raise invalid(f"\"{p.name}\" does not support tools", "tools")
@@ -211,7 +220,7 @@ async def chat(request: Request) -> Response:
     )  # fmt: skip
     with_think(submit, req.think)
     try:
-        with_tool_choice(submit, req.tool_choice)
+        with_tool_choice(submit, req.tool_choice, req.parallel_tool_calls)
     except GatewayError as exc:
         return _rejected(request, API_CHAT, exc, p)
 
@@ -259,6 +268,7 @@ class PreparedAdapter(Adapter):
 
     family = FAMILY
     media_type = NDJSON
+    model_access_checked = True  # Prepared.resolve did, by the name the client sent
 
     def __init__(self, p: Prepared, submit: Submit, stream: bool, chunk, final) -> None:
         self.p, self.submit, self.stream = p, submit, stream

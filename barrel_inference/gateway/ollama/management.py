@@ -17,6 +17,7 @@ from ...registry.gguf_header import read_header
 from ...registry.jobs import PullManager
 from ...registry.search import search as search_remotes
 from ..http import ClientDisconnected, JSONBody, until_disconnect
+from ..process import tool_settings
 from . import convert, wire
 
 T = TypeVar("T")
@@ -148,11 +149,13 @@ async def show(request: Request) -> Response:
     gguf_template = None if record.template else await asyncio.to_thread(_gguf_template, record.path)
     # ours: where the chat template comes from; "architecture" means the model brought none (a base model)
     origin = "override" if override else "source" if record.template else "gguf" if gguf_template else "architecture"
+    settings = getattr(request.app.state, "settings", None)
+    tools = tool_settings(settings, record) if settings is not None else None  # as the worker sees them
     if running is not None:  # the worker says exactly which template it renders with
-        body = convert.show_body(record, verbose=req.verbose, template=running.chat_template_source)
+        body = convert.show_body(record, verbose=req.verbose, template=running.chat_template_source, tools=tools)
         body["chat_template"] = running.chat_template
     else:
-        body = convert.show_body(record, verbose=req.verbose, template=gguf_template)
+        body = convert.show_body(record, verbose=req.verbose, template=gguf_template, tools=tools)
         arch = (record.details or {}).get("architecture", "")
         body["chat_template"] = override or ("gguf" if gguf_template else f"built-in for architecture '{arch}' (chosen when loaded)")
     body["chat_template_origin"] = origin

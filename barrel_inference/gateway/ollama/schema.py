@@ -47,6 +47,7 @@ class PsItem(msgspec.Struct, kw_only=True):
     pid: int | None = None
     started_at: str | None = None
     engine: dict[str, Any] | None = None
+    replicas: list[dict[str, Any]] | None = None
 
 
 class Ps(msgspec.Struct):

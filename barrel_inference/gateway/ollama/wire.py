@@ -96,8 +96,10 @@ class GenerateRequest(ModelRef):
 class ChatRequest(ModelRef):
     messages: list[Message] | None = None
     tools: list[dict] | None = None
-    # ours (Ollama has none): "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
+    # ours (Ollama has none): "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}};
+    # a forced call is one call unless parallel_tool_calls (ours too) is true
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     stream: bool = True
     format: str | dict | None = None
     options: dict | None = None

@@ -71,9 +71,11 @@ async def test_create_plain(gw, fake_worker):
     assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant" and msg.model == ALIAS
     assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "hello there world"
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
-    # the fake reports 5 prompt tokens (2 system + 3 user words), 2 of them read from its cache
-    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens, msg.usage.cache_creation_input_tokens) == (3, 2, 0)
+    # the fake reports 5 prompt tokens (2 system + 3 user words), 2 of them read from its cache, and says the 3 it
+    # evaluated stay in its cache for the next request (what this request created)
+    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens, msg.usage.cache_creation_input_tokens) == (0, 2, 3)
     assert msg.usage.output_tokens == 3
+    assert msg.usage.cache_creation.ephemeral_5m_input_tokens == 3 and msg.usage.cache_creation.ephemeral_1h_input_tokens == 0
     sent = fake_worker.submits[-1]
     assert sent.id == msg.id and sent.max_tokens == 64 and sent.stop == ["END"]
     assert (sent.sampling.temperature, sent.sampling.top_k) == (0.0, 5)
@@ -91,7 +93,8 @@ async def test_stream_text_stream_and_final_message(gw):
         final = await stream.get_final_message()
     assert "".join(texts) == "streamed words arrive" and len(texts) >= 2
     assert final.content[0].text == "streamed words arrive" and final.stop_reason == "end_turn"
-    assert final.usage.input_tokens == 1 and final.usage.cache_read_input_tokens == 2 and final.usage.output_tokens == 3
+    assert final.usage.input_tokens == 0 and final.usage.cache_read_input_tokens == 2 and final.usage.output_tokens == 3
+    assert final.usage.cache_creation_input_tokens == 1  # the one prompt token evaluated stays cached
 
 
 async def test_raw_stream_event_sequence(gw):
@@ -102,9 +105,50 @@ async def test_raw_stream_event_sequence(gw):
     assert [n for n, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
                                       "content_block_delta", "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
     start = events[0][1]["message"]
-    assert start["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2, "output_tokens": 0}
+    # as the real API's message_start: the input as admitted (what is created is known at the end), output_tokens 1
+    assert start["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2, "output_tokens": 1,
+                              "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}  # fmt: skip
     assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
-    assert events[-2][1]["usage"]["output_tokens"] == 2
+    assert events[-2][1]["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2, "output_tokens": 2}
+
+
+async def test_cache_creation_is_what_the_worker_says_it_kept(gw, fake_worker):
+    """cache_creation_input_tokens is the worker's committed count: all of the evaluated prompt when its cache
+    stays, none when the worker dropped it; streamed (message_delta) and not alike, under the mark's TTL."""
+    long_prompt = user("one two three four five six")  # 6 prompt tokens, 2 read from the cache
+    msg = await sdk(gw).messages.create(model=ALIAS, max_tokens=64, messages=long_prompt)
+    assert (msg.usage.input_tokens, msg.usage.cache_creation_input_tokens, msg.usage.cache_read_input_tokens) == (0, 4, 2)
+    dropped = await sdk(gw).messages.create(model=ALIAS, max_tokens=64, messages=user("one two three four NOKEEP"))
+    assert (dropped.usage.input_tokens, dropped.usage.cache_creation_input_tokens, dropped.usage.cache_read_input_tokens) == (3, 0, 2)
+    marked = [{"role": "user", "content": [{"type": "text", "text": "one two three four five six",
+                                            "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]  # fmt: skip
+    async with sdk(gw).messages.stream(model=ALIAS, max_tokens=64, messages=marked) as stream:
+        final = await stream.get_final_message()
+    assert final.usage.cache_creation_input_tokens == 4 and final.usage.input_tokens == 0
+    assert fake_worker.submits[-1].pin_ttl_s == 3600.0
+    body = {"model": ALIAS, "max_tokens": 64, "messages": marked, "stream": False}
+    r = await gw.client.post("/v1/messages", json=body)
+    assert r.json()["usage"]["cache_creation"] == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 4}
+
+
+async def test_cache_control_marks_pin_the_cache_for_their_ttl(gw, fake_worker):
+    client = sdk(gw)
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=user("no marks"))
+    assert fake_worker.submits[-1].pin_ttl_s == 0.0
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=user("marked system"),
+                                 system=[{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}])  # fmt: skip
+    assert fake_worker.submits[-1].pin_ttl_s == 300.0
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=user("marked tool"),
+                                 tools=[{**WEATHER, "cache_control": {"type": "ephemeral", "ttl": "1h"}}])  # fmt: skip
+    assert fake_worker.submits[-1].pin_ttl_s == 3600.0
+    nested = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "text", "text": "sunny", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]}]}]  # fmt: skip
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=nested)
+    assert fake_worker.submits[-1].pin_ttl_s == 300.0
+    body = {"model": ALIAS, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}]}  # fmt: skip
+    r = await gw.client.post("/v1/messages", json=body)
+    assert r.status_code == 400 and "messages[0].content[0].cache_control.ttl" in r.json()["error"]["message"]
 
 
 async def test_beta_query_and_headers_are_accepted(gw):

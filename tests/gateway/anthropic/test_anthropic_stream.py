@@ -9,7 +9,7 @@ import pytest
 from barrel_inference.gateway.anthropic.blocks import ContentAssembler, stop_reason_of, thinking_signature, usage_json
 from barrel_inference.gateway.anthropic.stream import MessageStreamEncoder
 from barrel_inference.protocol import (
-    Done, ErrorCode, ErrorInfo, FinishReason, TextPart, ThinkingPart, ToolCallArgs, ToolCallEnd, ToolCallStart, Usage,
+    CacheInfo, Done, ErrorCode, ErrorInfo, FinishReason, TextPart, ThinkingPart, ToolCallArgs, ToolCallEnd, ToolCallStart, Usage,
 )  # fmt: skip
 
 
@@ -55,7 +55,8 @@ def test_text_thinking_and_tool_blocks_in_order():
     start = events[0][1]["message"]
     assert start == {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [],
                      "stop_reason": None, "stop_sequence": None,
-                     "usage": {"input_tokens": 6, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4, "output_tokens": 0}}  # fmt: skip
+                     "usage": {"input_tokens": 6, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4, "output_tokens": 1,
+                               "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}}  # fmt: skip
     assert events[2][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     assert events[5][1]["delta"] == {"type": "signature_delta", "signature": thinking_signature("let me think")}
     assert events[7][1] == {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}
@@ -127,9 +128,22 @@ def test_stop_reason_contract(finish, stop_sequence, calls, expected):
 
 
 def test_usage_never_invents_cache_figures():
-    assert usage_json(100, 0, 3) == {"input_tokens": 100, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 3}
+    assert usage_json(100, 0, 3) == {"input_tokens": 100, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 3,
+                                     "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}  # fmt: skip
     assert usage_json(100, 60, 3)["input_tokens"] == 40
     assert usage_json(10, 60, 3)["cache_read_input_tokens"] == 10  # clamped to the prompt
+    created = usage_json(100, 60, 3, 40, ttl_1h=True)
+    assert (created["input_tokens"], created["cache_creation_input_tokens"], created["cache_read_input_tokens"]) == (0, 40, 60)
+    assert created["cache_creation"] == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 40}
+    assert usage_json(100, 60, 3, 90)["cache_creation_input_tokens"] == 40  # never more than was evaluated
+
+
+def test_message_delta_carries_the_committed_tokens():
+    enc = MessageStreamEncoder("msg_1", "m")
+    enc.start(prompt_tokens=10, cached_tokens=4)
+    done = Done(id="msg_1", finish_reason=FinishReason.STOP, usage=Usage(10, 2, 4), cache=CacheInfo(evaluated_tokens=6, committed_tokens=6))
+    delta = parse_sse(enc.finish(done))[0][1]
+    assert delta["usage"] == {"input_tokens": 0, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 2}
 
 
 def test_error_event_and_ping():

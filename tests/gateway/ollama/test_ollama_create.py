@@ -138,3 +138,32 @@ def test_capabilities_of_an_embedding_model():
         loader = {}
 
     assert capabilities(R()) == ["embedding"]
+
+
+GO_TEMPLATE = "{{ if .System }}S: {{ .System }}\n{{ end }}{{ range .Messages }}{{ .Role }}: {{ .Content }}\n{{ end }}A: "
+
+
+@pytest.mark.parametrize("template,fragment", [
+    ('{{ define "t" }}x{{ end }}', "{{ define }} is not supported"),
+    ("{{ range .Messages }}{{ upper .Content }}{{ end }}", "function 'upper' is not defined"),
+    ("{{ if .System }}no end", "has no {{ end }}"),
+])  # fmt: skip
+async def test_create_refuses_a_template_the_renderer_cannot_run(app, http, template, fragment):
+    r = await http.post("/api/create", json={"model": "bad", "from": "tiny:1b", "template": template, "stream": False})
+    assert r.status_code == 400 and fragment in r.json()["error"] and r.json()["error"].startswith("TEMPLATE:")
+    r = await http.post("/api/create", json={"model": "bad", "modelfile": f'FROM tiny:1b\nTEMPLATE """{template}"""\n', "stream": False})
+    assert r.status_code == 400 and fragment in r.json()["error"]
+    assert not app.state.registry.exists("bad")  # nothing written
+    r = await http.post("/api/edit", json={"model": "tiny:1b", "template": template})
+    assert r.status_code == 400 and fragment in r.json()["error"]
+    assert app.state.registry.resolve("tiny:1b").template is None
+
+
+async def test_a_created_template_is_marked_for_rendering(app, http):
+    r = await http.post("/api/create", json={"model": "go", "modelfile": f'FROM tiny:1b\nTEMPLATE """{GO_TEMPLATE}"""\n', "stream": False})
+    assert r.status_code == 200, r.text
+    made = app.state.registry.resolve("go")
+    assert made.template == GO_TEMPLATE and made.template_format == "go"
+    assert app.state.registry.resolve("tiny:1b").template_format == ""  # the base is untouched
+    r = await http.post("/api/edit", json={"model": "tiny:1b", "template": "{{ .Prompt }}"})
+    assert r.status_code == 200 and app.state.registry.resolve("tiny:1b").template_format == "go"

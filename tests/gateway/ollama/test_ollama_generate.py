@@ -288,3 +288,50 @@ async def test_a_client_that_leaves_aborts_its_request(gateway, fake_worker, pat
     rid = fake_worker.submits[-1].id
     await wait_for(lambda: fake_worker.aborts == [rid])
     await wait_for(lambda: gateway.models.handles()[0].in_flight == 0)
+
+
+# ---- think follows the operator's settings, as the worker does (show: test_ollama_management) ---------------------------------------------
+THINK_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if enable_thinking %}<think>{% endif %}"
+
+
+@pytest.mark.parametrize("defaults,caps", [
+    ({}, ["completion"]),
+    ({"thinking_start": "<think>", "thinking_end": "</think>"}, ["completion", "thinking"]),  # markers by hand
+    ({"chat_template": THINK_TEMPLATE}, ["completion", "thinking"]),  # detected in the operator's template
+    ({"tool_format": "qwen-xml"}, ["completion", "tools"]),
+])  # fmt: skip
+async def test_think_is_checked_against_the_workers_effective_markers(make_gateway, fake_worker, defaults, caps):
+    from barrel_inference.config import ModelSettings
+
+    gw = await make_gateway(fake_worker.endpoint, defaults=ModelSettings(**defaults))  # the manifest's scan found none
+    r = await gw.client.post("/api/generate", json={"model": "fake", "prompt": "THINK:mull a", "think": True, "stream": False})
+    if "thinking" in caps:
+        assert r.status_code == 200 and r.json()["thinking"] == "mull", r.text
+    else:
+        assert r.status_code == 400 and "does not support thinking" in r.json()["error"]
+
+
+async def test_generate_renders_think_as_the_templates_switches(make_gateway, fake_worker):
+    from barrel_inference.config import ModelSettings
+
+    gw = await make_gateway(fake_worker.endpoint, defaults=ModelSettings(thinking_start="<think>", thinking_end="</think>"))
+    for think, switches in ((True, {"enable_thinking": True}), ("low", {"enable_thinking": True, "reasoning_effort": "low"}),
+                            (False, {"enable_thinking": False}), (None, {})):  # fmt: skip
+        body = {"model": "fake", "prompt": "hello", "stream": False, **({} if think is None else {"think": think})}
+        assert (await gw.client.post("/api/generate", json=body)).status_code == 200
+        [render] = [c for c in fake_worker.calls if type(c).__name__ == "Render"][-1:]
+        assert render.template_kwargs == switches
+
+
+@pytest.mark.parametrize("extra,parallel", [
+    ({"tool_choice": "required"}, False),  # a forced call is one call: the turn ends once it is complete
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, False),
+    ({"tool_choice": "required", "parallel_tool_calls": True}, True),  # ours: several forced calls
+    ({"tool_choice": "auto"}, True),
+    ({}, True),
+])  # fmt: skip
+async def test_a_forced_call_on_chat_is_one_call(tools_gateway, fake_worker, extra, parallel):
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": False, **extra}
+    r = await tools_gateway.client.post("/api/chat", json=body)
+    assert r.status_code == 200, r.text
+    assert fake_worker.submits[-1].parallel_tool_calls is parallel

@@ -205,6 +205,26 @@ async def test_show_says_which_chat_template_is_used(env, tmp_path):
     assert ps[0]["chat_template"] == "llama3"
 
 
+@pytest.mark.parametrize("configured,caps", [
+    ({}, ["completion"]),
+    ({"thinking_start": "<thinking>", "thinking_end": "</thinking>"}, ["completion", "thinking"]),
+    ({"chat_template": "{{ messages[0]['content'] }}{% if enable_thinking %}<think>{% endif %}"}, ["completion", "thinking"]),
+    ({"tool_format": "qwen-xml"}, ["completion", "tools"]),
+])  # fmt: skip
+async def test_show_capabilities_use_the_operators_tool_and_reasoning_settings(env, tmp_path, ggufs, configured, caps):
+    """The pull-time scan of this GGUF's template finds no thinking markers nor tool format; markers, a format or
+    a template the operator configures for the model are what its worker uses, and /api/show says so."""
+    from barrel_inference.config import ModelSettings
+
+    app, client, _ = env
+    p = tmp_path / "tiny.gguf"
+    p.write_bytes(ggufs[0])
+    app.state.registry.register_local("tiny", p)
+    app.state.settings = Settings(models={"tiny:latest": ModelSettings(**configured)})
+    s = (await client.post("/api/show", json={"model": "tiny"})).json()
+    assert s["capabilities"] == caps
+
+
 async def test_copy_and_delete_remove_unreferenced_blobs(env, ggufs):
     app, client, (cdn, _, _) = env
     url = cdn.add("files/c.gguf", ggufs[0])
