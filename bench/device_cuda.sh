@@ -112,12 +112,13 @@ export REPO WHL PY OUT LOG WORK JOBS CMAKE_FLAGS MODEL_ARGS VPY MODEL SERVER_BIN
 log() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*" | tee -a "$LOG"; }
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 # step NAME SECONDS CMD...: run CMD time-boxed (its whole process group), output into the log
+# (or into STEP_LOG: a step that runs beside another)
 step() {
   local name=$1 limit=$2; shift 2
   if [ "$limit" -le 0 ]; then log "SKIP $name: no time left"; printf '%s\tskipped\t0\n' "$name" >> "$STEPS"; return 124; fi
   log "START $name (time box ${limit}s): $*"
   local s; s=$(date +%s)
-  timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" >> "$LOG" 2>&1
+  timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" >> "${STEP_LOG:-$LOG}" 2>&1
   local rc=$?
   log "END $name rc=$rc in $(( $(date +%s) - s ))s"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - s ))" >> "$STEPS"
@@ -310,7 +311,7 @@ server_build() {
   "$SERVER_BIN" --version
 }
 export -f server_build
-( step llama-server-build "$(cap 300 60)" server_build ) &
+( STEP_LOG=$WORK/llama-server-build.log step llama-server-build "$(cap 300 60)" server_build ) &
 SERVER_JOB=$!
 BG_PIDS+=("$SERVER_JOB")
 
@@ -388,11 +389,12 @@ EOF
 }
 export -f smoke
 export SUPPRESS
-step smoke "$(cap 150 120)" smoke
+step smoke "$(cap 90 15)" smoke  # first: the build's proof matters more than the figures
 [ -f "$WORK/daemon.pid" ] && kill -- -"$(cat "$WORK/daemon.pid")" 2>/dev/null; rm -f "$WORK/daemon.pid"
 
 wait "$SERVER_JOB"
 BG_PIDS=()
+{ echo "----- llama-server build (beside the smoke step):"; tail -n 40 "$WORK/llama-server-build.log"; } >> "$LOG" 2>&1
 ninja_stats "$WORK/server-build/.ninja_log" "$WORK/ninja-server.json" | tee -a "$LOG"
 SYSTEMS=ours
 [ -x "$SERVER_BIN" ] && SYSTEMS=ours,llama-server || log "no llama-server: ours alone"
