@@ -138,7 +138,8 @@ cleanup() {
   {
     for f in "$WORK/daemon.log" "$WORK/llama-server-build.log" "$WORK"/bench-cache/runs/*/ours.log "$WORK"/bench-cache/runs/*/llama-server.log; do
       [ -f "$f" ] || continue
-      echo "===== $f (last 150 lines)"; tail -n 150 "$f"
+      echo "===== $f (last 150 lines, llama.cpp's per-graph lines left out)"
+      grep -av 'llama_graph_n_input_tensors' "$f" | tail -n 150
     done
   } > "$OUT/logs.txt" 2>&1
   log "done in $(( $(date +%s) - T0 ))s; work dir $WORK"
