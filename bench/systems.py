@@ -43,6 +43,7 @@ class Shape:
     n_batch: int = 512
     prefill_chunk: int = 256  # ours only: tokens of a new prompt per scheduler tick
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
+    max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)
 
 
 @dataclass
@@ -145,6 +146,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             f"threads = {shape.threads}",
             f"prefill_chunk = {shape.prefill_chunk}",
             f'flash_attn = "{shape.flash_attn}"',
+            *([f"max_retained_tokens = {shape.max_retained_tokens}"] if shape.max_retained_tokens is not None else []),
             "",
         ])
     )  # fmt: skip
