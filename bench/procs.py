@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 
@@ -132,3 +134,14 @@ def machine_busy_seconds() -> float:
     # user nice system idle iowait irq softirq steal ...
     busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def stop_group(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM a daemon started with start_new_session=True; SIGKILL its whole group if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 from .client import LoadClient, RequestSpec, percentile
+from .procs import stop_group
 from .workloads import QUESTIONS, SUBJECTS, filler_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,13 +119,7 @@ class Daemon:
         raise RuntimeError(f"the replicas were not up after {timeout:.0f} s; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 30)
         self._log.close()
 
 

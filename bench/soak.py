@@ -28,6 +28,8 @@ from pathlib import Path
 
 import aiohttp
 
+from .procs import stop_group
+
 REPO = Path(__file__).resolve().parent.parent
 REQUEST_LIMIT_S = 120.0  # a request still open after this long counts as hung
 
@@ -79,13 +81,7 @@ class Daemon:
         return [int(p) for p in out.stdout.split()]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 20)
         self.log.close()
 
 

@@ -44,6 +44,7 @@ class Shape:
     prefill_chunk: int = 256  # ours only: tokens of a new prompt per scheduler tick
     n_gpu_layers: int | None = None  # layers on the GPU (-1 = all); None: each system's default (CPU builds: none)
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
+    max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)
 
 
 @dataclass
@@ -147,6 +148,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             f"prefill_chunk = {shape.prefill_chunk}",
             *([f"n_gpu_layers = {shape.n_gpu_layers}"] if shape.n_gpu_layers is not None else []),
             f'flash_attn = "{shape.flash_attn}"',
+            *([f"max_retained_tokens = {shape.max_retained_tokens}"] if shape.max_retained_tokens is not None else []),
             "",
         ])
     )  # fmt: skip
