@@ -297,6 +297,40 @@ SUPPRESS=$("$PY" -c 'import json,sys; print(",".join(map(str, json.load(open(sys
 [ -n "$SUPPRESS" ] || { log "FAILED: no model"; exit 1; }
 log "model: $(cat "$WORK/model.json")"
 
+# ---- DEVICE_CUDA_DIAG=1: where a model load crashes (vocabulary only, CPU, GPU; the tests' tiny model and
+# the random one), with cuda-gdb's backtrace, into $OUT/diag.txt; then stop
+diag() {
+  cat > "$WORK/load.py" <<'EOF'
+import faulthandler, sys
+faulthandler.enable()
+import llama_cpp as L
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+mp.use_extra_bufts = False
+mp.vocab_only = sys.argv[2] == "vocab"
+mp.n_gpu_layers = 999 if sys.argv[2] == "gpu" else 0
+m = L.llama_model_load_from_file(sys.argv[1].encode(), mp)
+print("LOADED", sys.argv[1], sys.argv[2], bool(m), flush=True)
+EOF
+  "$VPY" -c 'import sys; sys.path.insert(0, "tests"); from tinymodel import write_tiny_gguf; write_tiny_gguf(sys.argv[1])' "$WORK/tiny.gguf"
+  for m in "$WORK/tiny.gguf" "$MODEL"; do
+    for mode in vocab cpu gpu; do
+      echo "=== $m $mode"
+      timeout 40 "$VPY" "$WORK/load.py" "$m" "$mode" 2>&1 | grep -av 'llama_model_loader: - kv\|create_tensor\|print_info\|llama_model_loader: - type' | tail -n 14
+      echo "rc=${PIPESTATUS[0]}"
+    done
+  done
+  if command -v cuda-gdb >/dev/null; then
+    echo "=== cuda-gdb, random model, vocabulary only"
+    timeout 120 cuda-gdb -q -batch -ex run -ex bt --args "$VPY" "$WORK/load.py" "$MODEL" vocab 2>&1 | grep -av 'llama_model_loader: - kv' | tail -n 45
+  fi
+}
+if [ -n "${DEVICE_CUDA_DIAG:-}" ]; then
+  export -f diag
+  STEP_LOG=$OUT/diag.txt step diag 200 diag
+  exit 0
+fi
+
 # ---- 4 (background). llama-server against the installed ggml ---------------------------------------
 server_build() {
   local site; site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
