@@ -58,6 +58,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # "on" or "off". Off costs prefill speed, but saved KV states then restore bit-exactly at any
     # length on sliding-window models (Gemma 3), so the RAM / disk tiers keep long conversations
     flash_attn: Literal["auto", "on", "off"] | None = None
+    # sliding-window models (Gemma 3): true keeps every position's cells in the window layers too
+    # (KV memory of a full-attention model), so that a cached prefix can be cut or copied at any
+    # length (a shared system prompt out of a longer conversation); false keeps only the window
+    swa_full: bool | None = None
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the

@@ -45,6 +45,7 @@ class Shape:
     n_gpu_layers: int | None = None  # layers on the GPU (-1 = all); None: each system's default (CPU builds: none)
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
     max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)
+    swa_full: bool = False  # sliding-window models keep every position (ours: swa_full; llama-server: --swa-full)
 
 
 @dataclass
@@ -149,6 +150,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             *([f"n_gpu_layers = {shape.n_gpu_layers}"] if shape.n_gpu_layers is not None else []),
             f'flash_attn = "{shape.flash_attn}"',
             *([f"max_retained_tokens = {shape.max_retained_tokens}"] if shape.max_retained_tokens is not None else []),
+            *(["swa_full = true"] if shape.swa_full else []),
             "",
         ])
     )  # fmt: skip
@@ -172,6 +174,7 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
         # llama-server divides -c among its slots: give each slot the same context as ours
         "-c", str(shape.ctx_per_seq * shape.parallel), "--parallel", str(shape.parallel), "--cont-batching",
         "-b", str(shape.n_batch), "-ub", str(shape.n_batch), "--flash-attn", shape.flash_attn,
+        *(["--swa-full"] if shape.swa_full else []),
         # built-in gemma template (with jinja on, --chat-template would be read as Jinja text)
         "--no-jinja", "--chat-template", "gemma", "--no-webui", "--alias", "bench",
         # on CPUs with AMX llama.cpp's repacked (AMX) weight layouts crash it: the same choice as our

@@ -51,6 +51,7 @@ _FLAGS = {
     "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",
     "flash_attn": "--flash-attn",
+    "swa_full": "--swa-full",
 }
 
 

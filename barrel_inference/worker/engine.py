@@ -188,6 +188,7 @@ class LlamaEngine:
         use_mlock: bool | None = None,
         extra_buffers: bool = True,
         flash_attn: str = "auto",
+        swa_full: bool = False,
     ):
         _backend_init()
         mp = L.llama_model_default_params()
@@ -198,6 +199,7 @@ class LlamaEngine:
         if flash_attn not in FLASH_ATTN:
             raise EngineError("invalid_request", f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {flash_attn!r}")
         self.flash_attn = flash_attn
+        self.swa_full = bool(swa_full)
         if n_gpu_layers is not None:
             mp.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         if main_gpu is not None:
@@ -286,6 +288,9 @@ class LlamaEngine:
         # on where a sequence's cells lie: a state restored into other cells then gives other
         # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact
         cp.flash_attn_type = FLASH_ATTN[self.flash_attn]
+        # sliding-window layers keep every position, so a cached prefix can be cut or copied at
+        # any length (without it, only within the last window of what the sequence holds)
+        cp.swa_full = self.swa_full
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -379,8 +384,15 @@ class LlamaEngine:
         Sliding-window layers drop cells older than the window, so a sequence cut far back
         may lack them; then the prompt must be recomputed.
         """
+        if n_past <= 0:
+            return True
+        # -1: the sequence holds no cells at all in (the window layers of) the cache. That is what a
+        # prefix copied out of a longer sequence gets when the window layers no longer hold its
+        # positions: continuing there would attend to nothing in those layers
         pos_min = self.seq_pos_min(seq)
-        return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 else pos_min <= 0
+        if pos_min < 0:
+            return False
+        return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 and not self.swa_full else pos_min <= 0
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""
@@ -431,7 +443,7 @@ class LlamaEngine:
         return {
             "model": h.hexdigest()[:32], "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
             "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
-            "flash_attn": self.flash_attn,
+            "flash_attn": self.flash_attn, "swa_full": self.swa_full,
         }  # fmt: skip
 
     def state_selftest(self) -> dict:

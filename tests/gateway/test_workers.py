@@ -86,6 +86,8 @@ def test_worker_argv_and_slug():
     fa = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(flash_attn="off"))
     assert fa[-2:] == ["--flash-attn", "off"]
     assert engine_options(Settings(), StubRecord("x:1")).flash_attn == "auto"
+    sw = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(swa_full=True))
+    assert sw[-2:] == ["--swa-full", "true"]
     assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"

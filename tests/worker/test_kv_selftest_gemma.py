@@ -38,3 +38,23 @@ def test_flash_attention_on_limits_gemma_restores_to_the_window(gemma_gguf):
 def test_an_unknown_flash_attn_setting_is_refused(gemma_gguf):
     with pytest.raises(EngineError, match="flash_attn must be one of"):
         engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=256, n_seq_max=1, flash_attn="maybe")
+
+
+@pytest.mark.parametrize("swa_full", [False, True])
+def test_swa_full_lets_a_prefix_be_copied_out_of_a_longer_sequence(gemma_gguf, swa_full):
+    """A shared 1,200-token prefix copied out of a 3,200-token sequence: the window layers of the
+    source hold only its latest positions unless swa_full keeps them all, so without it the copy has
+    no cells at all in those layers (pos_min -1) and must not be continued (the prompt is
+    recomputed); with it the copy continues at 1,200."""
+    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=4096, n_seq_max=2, threads=2, extra_buffers=False, swa_full=swa_full)
+    try:
+        assert e.state_key()["swa_full"] is swa_full
+        toks = [(7 * i) % 5000 + 300 for i in range(3200)]
+        for start in range(0, 3200, e.n_batch):
+            part = toks[start : start + e.n_batch]
+            assert e.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * len(part)) == 0
+        e.seq_copy(0, 1, 1200)
+        assert (e.seq_pos_min(1) == 0) is swa_full  # without swa_full: -1, no cells in the window layers
+        assert e.can_continue(1, 1200) is swa_full
+    finally:
+        e.close()
