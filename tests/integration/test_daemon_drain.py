@@ -13,7 +13,8 @@ import httpx
 
 from .daemon import Daemon
 
-NO_EOS = {"266": -100}
+# the tiny model's end-of-generation tokens, <|endoftext|> and <|im_end|>
+NO_EOS = {"264": -100, "266": -100}
 
 
 def stream(url: str, max_tokens: int, out: dict, started: threading.Event) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from .daemon import Daemon
 
-EOS_BIAS = {"266": -100}  # the tiny model's <|im_end|>: suppressed so lengths are exact
+# the tiny model's end-of-generation tokens, <|endoftext|> and <|im_end|>: suppressed so lengths are exact
+EOS_BIAS = {"264": -100, "266": -100}
 SYSTEM = "You are a careful assistant who answers in one line. " * 12
 
 

@@ -52,7 +52,7 @@ async def test_probe_requests_are_refused_and_the_worker_lives(daemon, body, sta
 
 async def test_a_grammar_bomb_does_not_stall_a_running_stream(daemon):
     async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as client:
-        stream = asyncio.create_task(client.post("/v1/chat/completions", json=chat(max_tokens=60, logit_bias={"266": -100})))
+        stream = asyncio.create_task(client.post("/v1/chat/completions", json=chat(max_tokens=60, logit_bias={"264": -100, "266": -100})))
         bombs = [client.post("/v1/chat/completions", json=chat(response_format=schema({"enum": [f"v{i}" for i in range(20000)]})))
                  for _ in range(4)]  # fmt: skip
         answers = await asyncio.gather(*bombs)
