@@ -116,6 +116,7 @@ def recorded_build_flags() -> str | None:
 
 
 def cpu_count() -> int:
+    """The cores this process may run on (its affinity, e.g. a replica pinned to a core set), else all."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

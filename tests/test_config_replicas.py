@@ -109,9 +109,9 @@ def test_worker_pins_itself_to_its_cores():
 def test_default_threads_are_the_cores_the_worker_may_use(monkeypatch):
     import os
 
-    from barrel_inference.worker.engine import usable_cpus
+    from barrel_inference.hostinfo import cpu_count
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no sched_getaffinity on this platform")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5})
-    assert usable_cpus() == 3
+    assert cpu_count() == 3

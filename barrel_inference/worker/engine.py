@@ -15,7 +15,12 @@ import threading
 import llama_cpp as L
 import numpy as np
 
-from ..protocol import Sampling, TokenLogprob, TopLogprob
+from ..hostinfo import cpu_count
+from ..protocol import Sampling, TokenLogprob
+from .grammar_stages import best_allowed
+from .kvselftest import state_selftest
+from .kvstore import model_fingerprint
+from .logprobs import log_probability
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -158,14 +163,6 @@ class Sampler:
                 setattr(self, name, None)
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on (its affinity, e.g. a replica pinned to a core set), else all."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 class LlamaEngine:
     """Model + context + batch. Not thread-safe except tokenize/detokenize (vocab is read-only).
 
@@ -223,7 +220,7 @@ class LlamaEngine:
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
-        self.threads = threads or usable_cpus()
+        self.threads = threads or cpu_count()  # the cores this process may run on (a replica pinned to a core set)
         self.architecture = self.meta("general.architecture") or "unknown"
         self.n_swa = L.llama_model_n_swa(self.model) if hasattr(L, "llama_model_n_swa") else 0
         self.bos = L.llama_vocab_bos(self.vocab)
@@ -271,28 +268,30 @@ class LlamaEngine:
         return self.piece(token, special=True).decode("utf-8", "replace")
 
     # ---- context ------------------------------------------------------------------------
-    def _create_context(self) -> None:
+    def _new_context(self, **fields):
+        """A llama.cpp context of this model: its default parameters, this engine's threads, `fields`."""
         cp = L.llama_context_default_params()
-        cp.n_ctx = self.n_ctx * self.n_seq_max  # unified: every sequence can reach n_ctx
-        cp.n_batch = self.n_batch
-        cp.n_ubatch = self.n_ubatch
-        cp.n_seq_max = self.n_seq_max
-        cp.n_threads = self.threads
-        cp.n_threads_batch = self.threads
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.no_perf = True
+        for name, value in fields.items():
+            setattr(cp, name, value)
+        return L.llama_init_from_model(self.model, cp)
+
+    def _create_context(self) -> None:
         # one unified KV cache: decoding many sequences together is far faster than with one
         # stream per sequence (measured on Gemma 3 270M, 2 cores: 46 vs 80 ms per step at 8
         # sequences). The price: caches kept for prefix reuse widen what every prompt chunk
         # attends over (measured: +24% prefill time with 3 x 2,000 retained tokens).
-        cp.kv_unified = True
         # llama.cpp's flash attention skips cells other sequences hold, but its reductions depend
         # on where a sequence's cells lie: a state restored into other cells then gives other
-        # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact
-        cp.flash_attn_type = FLASH_ATTN[self.flash_attn]
-        # sliding-window layers keep every position, so a cached prefix can be cut or copied at
-        # any length (without it, only within the last window of what the sequence holds)
-        cp.swa_full = self.swa_full
-        cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact.
+        # Sliding-window layers with swa_full keep every position, so a cached prefix can be cut or
+        # copied at any length (without it, only within the last window of what the sequence holds).
+        self.ctx = self._new_context(
+            n_ctx=self.n_ctx * self.n_seq_max,  # unified: every sequence can reach n_ctx
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_max, kv_unified=True,
+            flash_attn_type=FLASH_ATTN[self.flash_attn], swa_full=self.swa_full,
+        )  # fmt: skip
         if not self.ctx:
             raise EngineError("internal", "llama.cpp could not create a context (out of memory?)")
         self.mem = L.llama_get_memory(self.ctx)
@@ -427,70 +426,18 @@ class LlamaEngine:
     def state_key(self) -> dict:
         """What saved states depend on besides the tokens: the model file and the settings that
         change the KV contents or the numerics of the computation that made them."""
-        import hashlib
-
-        h = hashlib.sha256()
-        path = self.model_path
-        try:
-            st = os.stat(path)
-            h.update(f"{st.st_size}".encode())
-            with open(path, "rb") as f:
-                h.update(f.read(1 << 20))
-                f.seek(max(0, st.st_size - (1 << 20)))
-                h.update(f.read(1 << 20))
-        except OSError:
-            h.update(path.encode())
         return {
-            "model": h.hexdigest()[:32], "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
+            "model": model_fingerprint(self.model_path), "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
             "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
             "flash_attn": self.flash_attn, "swa_full": self.swa_full,
         }  # fmt: skip
 
     def state_selftest(self) -> dict:
-        """Save and restore a probe sequence and compare the next token's logits with the run that
-        never left the cache. Returns {"exact_up_to": n or None (no limit), "probes": [...]}.
+        """Does a saved sequence state restore exactly? (kvselftest.py; run on an idle context)"""
+        return state_selftest(self)
 
-        Run on an idle context (at load): it uses sequence 0 and clears it after.
-        """
-        lengths = [self.n_swa, self.n_swa + 64] if self.n_swa > 0 else [min(256, self.n_ctx // 2)]
-        lengths = [n for n in lengths if 2 <= n < min(self.n_ctx, self.n_batch * 64) - 1]
-        probes, limit = [], None
-        if not lengths:
-            return {"exact_up_to": limit, "probes": probes, "flash_attn": self.flash_attn}
-        rng = np.random.default_rng(1234)
-        toks = [int(t) for t in rng.integers(0, self.n_vocab, lengths[-1] + 1)]
-        toks = [t if not self._eog[t] else (t + 1) % self.n_vocab for t in toks]
-        try:
-            # one probe sequence grows through every length. At each: save its state, decode the
-            # next token in place (the reference), then clear it, restore the state into the same,
-            # now empty, cells and decode that token again. Where the cells lie changes llama.cpp's
-            # float reductions like a different batch split does, so the test keeps the layout and
-            # asks only whether the saved state holds everything the model attends to.
-            n_done = 0
-            for n in lengths:
-                for start in range(n_done, n, self.n_batch):
-                    part = toks[start : min(n, start + self.n_batch)]
-                    if self.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * len(part)) != 0:
-                        raise EngineError("decode_failed", "the KV self-test's decode failed")
-                state = self.state_seq_save(0)
-                if self.decode([toks[n]], [n], [0], [True]) != 0:
-                    raise EngineError("decode_failed", "the KV self-test's decode failed")
-                ref = self._logits(0).copy()
-                self.seq_clear(0)
-                ok = self.state_seq_load(0, state) and self.decode([toks[n]], [n], [0], [True]) == 0
-                got = self._logits(0) if ok else None
-                exact = bool(ok and np.array_equal(got, ref))
-                probes.append({"tokens": n, "exact": exact, "max_abs_diff": float(np.max(np.abs(got - ref))) if ok else float("inf")})
-                if not exact and limit is None:
-                    limit = max([p["tokens"] for p in probes if p["exact"]], default=0)
-                if not ok:
-                    break
-                n_done = n + 1
-        finally:
-            self.seq_clear(0)
-        return {"exact_up_to": limit, "probes": probes, "flash_attn": self.flash_attn}
-
-    def _logits(self, row: int) -> np.ndarray:
+    def logits(self, row: int) -> np.ndarray:
+        """The logits of batch row `row` (a view, valid until the next decode)."""
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     # ---- embeddings ---------------------------------------------------------------------
@@ -498,14 +445,8 @@ class LlamaEngine:
         """Mean-pooled, L2-normalised embeddings of texts or token-id lists, from a second context made
         on first use (the worker calls this from its embedding thread, never the scheduler's)."""
         if self._embed_ctx is None:
-            cp = L.llama_context_default_params()
-            cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
-            cp.n_seq_max = 1
-            cp.n_threads = cp.n_threads_batch = self.threads
-            cp.embeddings = True
-            cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
-            cp.no_perf = True
-            self._embed_ctx = L.llama_init_from_model(self.model, cp)
+            self._embed_ctx = self._new_context(n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_seq_max=1,
+                                                embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN)  # fmt: skip
             if not self._embed_ctx:
                 raise EngineError("internal", "llama.cpp could not create an embedding context")
             self._embed_batch = L.llama_batch_init(self.n_ctx, 0, 1)
@@ -551,18 +492,7 @@ class LlamaEngine:
     def token_logprob(self, idx: int, token: int, k: int, bias: dict[int, float] | None = None) -> TokenLogprob:
         """`token`'s log-probability at batch row idx under the logits after the logit bias, and the k
         most likely tokens there (k <= 20)."""
-        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,)), np.float32)
-        for t, b in (bias or {}).items():
-            if 0 <= t < self.n_vocab:
-                logits[t] += b
-        m = float(logits.max())
-        logz = m + float(np.log(np.exp(logits - m).sum(dtype=np.float64)))
-        top: list[TopLogprob] = []
-        if k > 0:
-            best = np.argpartition(-logits, k)[:k] if k < self.n_vocab else np.arange(self.n_vocab)
-            best = best[np.lexsort((best, -logits[best]))]
-            top = [TopLogprob(int(t), float(logits[t] - logz), self.piece(int(t))) for t in best]
-        return TokenLogprob(token, float(logits[token] - logz), self.piece(token), top)
+        return log_probability(self.logits(idx), token, k, bias, self.piece)
 
     def never_utf8_tokens(self) -> list[int]:
         """Tokens holding a byte no UTF-8 text contains (C0, C1, F5..FF). llama.cpp's grammar decodes
@@ -658,12 +588,9 @@ class LlamaEngine:
         return n, int(arr.selected)
 
     def _sample_constrained(self, sampler: Sampler, idx: int) -> int:
-        """A grammar's cost per token grows with the candidates it checks (for a 262k vocabulary and
-        an enum of a few hundred values, seconds). So it checks the best candidates by logit first
-        (GRAMMAR_STAGES), and the whole vocabulary only when too few of those are allowed. Exact:
-        greedy needs one allowed candidate (the best allowed one is the best overall), top-k sampling
-        needs k (the k best allowed ones are the ones top-k keeps); without top-k, the whole vocabulary."""
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+        """Sample under a grammar, which checks the best candidates by logit first (GRAMMAR_STAGES, see
+        grammar_stages.py) and the whole vocabulary only when too few of those are allowed."""
+        logits = self.logits(idx)
         cand = np.empty(self.n_vocab, _TOKEN_DATA)
         cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
         cand["logit"] = logits
@@ -671,19 +598,7 @@ class LlamaEngine:
         n, _ = self._apply(sampler.pre, cand)
         cand = cand[:n]
         need = 1 if sampler.greedy else sampler.top_k
-        chosen = None
-        if need > 0:
-            for m in GRAMMAR_STAGES:
-                if m >= n or need > m:
-                    break
-                best = np.argpartition(-cand["logit"], m)[:m]
-                sub = cand[best]
-                sub = sub[np.lexsort((sub["id"], -sub["logit"]))]  # best first, ties by id as llama.cpp's greedy
-                self._apply(sampler.grammar, sub)
-                allowed = sub[np.isfinite(sub["logit"])]
-                if len(allowed) >= need:
-                    chosen = allowed
-                    break
+        chosen = best_allowed(cand, need, lambda sub: self._apply(sampler.grammar, sub), GRAMMAR_STAGES)
         if chosen is None:
             self._apply(sampler.grammar, cand)
             chosen = cand
@@ -698,7 +613,7 @@ class LlamaEngine:
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
         if sampler.greedy_bias is not None:
-            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+            logits = self.logits(idx)
             tokens, bias = sampler.greedy_bias
             if len(tokens):
                 logits[tokens] += bias  # this row's logits are ours until the next decode

@@ -57,6 +57,22 @@ class Entry:
         return len(self.tokens)
 
 
+def model_fingerprint(path: str) -> str:
+    """A model file's identity for the namespace: its size and its first and last MiB (a blob's
+    name need not change when its contents do; hashing the whole file would slow every start)."""
+    h = hashlib.sha256()
+    try:
+        st = os.stat(path)
+        h.update(f"{st.st_size}".encode())
+        with open(path, "rb") as f:
+            h.update(f.read(1 << 20))
+            f.seek(max(0, st.st_size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    except OSError:
+        h.update(path.encode())
+    return h.hexdigest()[:32]
+
+
 def namespace_id(namespace: dict) -> str:
     return hashlib.sha256(json.dumps(namespace, sort_keys=True).encode()).hexdigest()[:24]
 
