@@ -21,15 +21,21 @@ def human_size(n: int | float | None) -> str:
     return f"{n:.0f} TB"  # pragma: no cover
 
 
-def ago(when: str | None, now: dt.datetime | None = None) -> str:
-    if not when:
-        return "?"
+def _utc(when: str) -> dt.datetime | None:
+    """An RFC 3339 / ISO time (a "Z" suffix allowed; no zone: UTC), None when it does not parse."""
     try:
         t = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
     except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.timezone.utc)
+
+
+def ago(when: str | None, now: dt.datetime | None = None) -> str:
+    if not when:
+        return "?"
+    t = _utc(when)
+    if t is None:
         return when
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
     now = now or dt.datetime.now(dt.timezone.utc)
     s = (now - t).total_seconds()
     if s < 0:
@@ -145,12 +151,9 @@ def until(expires_at: str | None, now: dt.datetime | None = None) -> str:
     """Ollama's UNTIL column: when an idle model unloads ('Forever' for a model that stays)."""
     if not expires_at:
         return "?"
-    try:
-        t = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
-    except ValueError:
+    t = _utc(expires_at)
+    if t is None:
         return expires_at
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
     now = now or dt.datetime.now(dt.timezone.utc)
     s = (t - now).total_seconds()
     if s > 100 * 365 * 86400:

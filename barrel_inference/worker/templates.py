@@ -103,8 +103,12 @@ class ChatTemplate:
         self.name = name
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._template = self._compile(source)
+
+    @staticmethod
+    def _compile(source: str):
         try:
-            self._template = _environment().from_string(source)
+            return _environment().from_string(source)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template does not compile: {exc}") from exc
 
@@ -116,7 +120,7 @@ class ChatTemplate:
         """A Modelfile's Go template > override (a built-in name or Jinja text) > the GGUF's own > the
         architecture's built-in. (The gateway sends a Go template only where the operator set no chat_template.)"""
         if go_template:
-            return GoChatTemplate(go_template, "modelfile", bos_token, eos_token)  # type: ignore[return-value]
+            return GoChatTemplate(go_template, "modelfile", bos_token, eos_token)
         if override:
             if override in BUILTIN:
                 return cls(BUILTIN[override], override, bos_token, eos_token)
@@ -146,21 +150,18 @@ class ChatTemplate:
             raise TemplateError(f"chat template failed: {exc}") from exc
 
 
-class GoChatTemplate:
-    """A Modelfile's TEMPLATE (Ollama's Go text/template) with ChatTemplate's interface. It renders what
+class GoChatTemplate(ChatTemplate):
+    """A Modelfile's TEMPLATE (Ollama's Go text/template) in ChatTemplate's place. It renders what
     Ollama would: the generation prompt always follows the conversation (Ollama's templates have no
     add_generation_prompt switch); the request's enable_thinking / reasoning_effort become its
     .Think / .IsThinkSet / .ThinkLevel."""
 
-    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = ""):
+    @staticmethod
+    def _compile(source: str):
         from ..gotemplate import GoTemplateError, OllamaTemplate
 
-        self.source = source
-        self.name = name
-        self.bos_token = bos_token
-        self.eos_token = eos_token
         try:
-            self._template = OllamaTemplate(source)
+            return OllamaTemplate(source)
         except GoTemplateError as exc:
             raise TemplateError(f"model template does not parse: {exc}") from exc
 

@@ -135,6 +135,14 @@ async def _load_or_unload(p: Prepared, make_final) -> Response:
     return JSONBody(make_final("load"))
 
 
+async def _load_only(p: Prepared) -> None:
+    """An embedding request with no input: load the model, or with keep_alive 0 unload it."""
+    if p.keep_alive == 0:
+        await p.state.models.residency.unload_when_idle(p.record.name)
+    else:
+        await p.handle()
+
+
 # ---- generate -------------------------------------------------------------------------------------------
 async def generate(request: Request) -> Response:
     p: Prepared | None = None
@@ -321,10 +329,7 @@ async def embed(request: Request) -> Response:
             raise invalid(f"dimensions must be positive, got {req.dimensions}", "dimensions")
         await p.resolve()
         if not texts:
-            if p.keep_alive == 0:
-                await p.state.models.residency.unload_when_idle(p.record.name)
-            else:
-                await p.handle()
+            await _load_only(p)
             return JSONBody({"model": p.name, "embeddings": []})
         if any(t == "" for t in texts):
             raise invalid("input must not contain empty strings", "input")
@@ -353,10 +358,7 @@ async def embeddings(request: Request) -> Response:
         p = Prepared(request, req, API_EMBED, "emb-")
         await p.resolve()
         if not req.prompt:
-            if p.keep_alive == 0:
-                await p.state.models.residency.unload_when_idle(p.record.name)
-            else:
-                await p.handle()
+            await _load_only(p)
             return JSONBody({"embedding": []})
         handle = await p.handle()
         vectors, _ = await _embed(request, handle, [req.prompt], truncate=True)

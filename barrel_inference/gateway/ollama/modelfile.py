@@ -87,6 +87,17 @@ def _read_value(text: str, pos: int, line_no: int) -> tuple[str, int, int]:
     return text[pos:end].strip(), end, 0
 
 
+def _word(text: str, pos: int) -> tuple[str, int]:
+    """The word at pos (up to white space) and where the value after it starts (blanks skipped)."""
+    n, end = len(text), pos
+    while end < n and text[end] not in " \t\r\n":
+        end += 1
+    after = end
+    while after < n and text[after] in " \t":
+        after += 1
+    return text[pos:end], after
+
+
 def parse(text: str) -> Modelfile:
     mf = Modelfile()
     pos, line_no, n = 0, 1, len(text)
@@ -102,22 +113,12 @@ def parse(text: str) -> Modelfile:
             end = text.find("\n", pos)
             pos = n if end < 0 else end
             continue
-        end = pos
-        while end < n and text[end] not in " \t\r\n":
-            end += 1
-        command = text[pos:end].upper()
-        pos = end
-        while pos < n and text[pos] in " \t":
-            pos += 1
+        command, pos = _word(text, pos)
+        command = command.upper()
         start_line = line_no
         if command == "PARAMETER":
-            name_end = pos
-            while name_end < n and text[name_end] not in " \t\r\n":
-                name_end += 1
-            name = text[pos:name_end].lower()
-            pos = name_end
-            while pos < n and text[pos] in " \t":
-                pos += 1
+            name, pos = _word(text, pos)
+            name = name.lower()
             if not name:
                 raise ModelfileError(f"line {start_line}: PARAMETER needs a name and a value")
             value, pos, extra = _read_value(text, pos, start_line)
@@ -134,15 +135,10 @@ def parse(text: str) -> Modelfile:
                 mf.parameters[name] = typed
             continue
         if command == "MESSAGE":
-            role_end = pos
-            while role_end < n and text[role_end] not in " \t\r\n":
-                role_end += 1
-            role = text[pos:role_end].lower()
+            role, pos = _word(text, pos)
+            role = role.lower()
             if role not in MESSAGE_ROLES:
                 raise ModelfileError(f"line {start_line}: MESSAGE role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
-            pos = role_end
-            while pos < n and text[pos] in " \t":
-                pos += 1
             value, pos, extra = _read_value(text, pos, start_line)
             line_no += extra
             mf.messages.append({"role": role, "content": value})
