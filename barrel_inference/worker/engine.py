@@ -391,7 +391,24 @@ class LlamaEngine:
         pos_min = self.seq_pos_min(seq)
         if pos_min < 0:
             return False
-        return pos_min <= max(0, n_past - self.n_swa) if self.n_swa > 0 and not self.swa_full else pos_min <= 0
+        return pos_min <= self.window_start(n_past)
+
+    def can_share(self, seq: int, n: int) -> bool:
+        """Could seq's first n positions be continued at n, kept in place or copied to another
+        sequence (the copy shares the cells, so it holds what seq holds)?"""
+        if n <= 0:
+            return True
+        pos_min = self.seq_pos_min(seq)
+        return 0 <= pos_min <= self.window_start(n)
+
+    def window_start(self, n_past: int) -> int:
+        """The oldest position the token at n_past attends to in every layer. llama.cpp masks a
+        window cell when n_past - pos >= n_swa and overwrites it from then on, so a sequence's
+        window layers keep exactly positions n_past - n_swa + 1 .. n_past - 1 (chunked windows
+        need less than that, so the test is conservative for them)."""
+        if self.n_swa <= 0 or self.swa_full:
+            return 0
+        return max(0, n_past - self.n_swa + 1)
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""

@@ -135,6 +135,15 @@ class FakeEngine:
     def can_continue(self, seq: int, n_past: int) -> bool:
         return len(self._match[seq]) - 1 == n_past
 
+    def can_share(self, seq: int, n: int) -> bool:
+        return True  # no sliding window: any prefix it holds can be continued
+
+    def window_start(self, n_past: int) -> int:
+        return 0
+
+    def seq_pos_min(self, seq: int) -> int:
+        return 0 if len(self._match[seq]) > 1 else -1
+
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         pass
 

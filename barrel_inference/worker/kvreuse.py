@@ -60,45 +60,48 @@ class KvReuse:
         cache_kind, cache_miss. False: no sequence is free; None: parked while a disk entry loads."""
         prompt = req.prompt
         limit = len(prompt) - 1  # at least one prompt token is decoded, for its logits
-        store = self.store
+        store, e = self.store, self.engine
         entry, n_t = store.find(prompt) if store is not None else (None, 0)
         n_t = min(n_t, limit)
+        if entry is not None and not self._restorable(entry, n_t):
+            entry, n_t = None, 0
         if entry is not None and entry.data is None and not req.parked:
-            if n_t >= self.pool.best_prefix(prompt, live) + MIN_LOAD_GAIN and store.load(entry):
+            if n_t >= self.pool.best_prefix(prompt, live, e.can_share) + MIN_LOAD_GAIN and store.load(entry):
                 req.parked = True
                 req.parked_on = entry
                 return None
-        plan = self.pool.acquire(req.session, prompt, live)
+        plan = self.pool.acquire(req.session, prompt, live, e.can_share)
         if plan is None:
             return False
-        req.seq = plan.seq
+        req.seq = seq = plan.seq
         if plan.evict is not None:
             self._save(plan.evict)
-        e, seq = self.engine, plan.seq
-        keep, copy_n = min(plan.keep, limit), min(plan.copy_n, limit)
-        n, kind = 0, "cold"
-        data = store.take(entry) if entry is not None and n_t > max(keep, copy_n) else None
+        # the candidates, longest first; each one the pool or the saved window proved continuable,
+        # and a failure falls through to the next (the target's own prefix only while untouched)
+        cands = [(min(plan.keep, limit), plan.keep_kind), (min(plan.copy_n, limit), "copy")]
+        data = store.take(entry) if entry is not None and n_t > max(c[0] for c in cands) else None
         if data is not None:
-            from_disk = entry.on_disk and req.parked
-            t0 = time.perf_counter()
-            loaded = e.state_seq_load(seq, data)
-            self.restore_ms_max = max(self.restore_ms_max, (time.perf_counter() - t0) * 1000.0)
-            if loaded and self._fit(seq, entry.n, n_t):
-                n, kind = n_t, "disk" if from_disk else "ram"
-            else:
+            cands.append((n_t, "disk" if entry.on_disk and req.parked else "ram"))
+        n, kind, touched = 0, "cold", False
+        for want, how in sorted(cands, key=lambda c: -c[0]):
+            if want <= 0 or (how not in ("copy", "ram", "disk") and touched):
+                continue
+            if how in ("ram", "disk"):
+                t0 = time.perf_counter()
+                ok = e.state_seq_load(seq, data)
+                self.restore_ms_max = max(self.restore_ms_max, (time.perf_counter() - t0) * 1000.0)
+                ok = ok and self._fit(seq, entry.n, want)
+            elif how == "copy":
                 e.seq_clear(seq)
-                keep = 0
-        if n == 0 and copy_n > keep:
+                e.seq_copy(plan.copy_from, seq, want)
+                ok = self._fit(seq, want, want)
+            else:
+                ok = e.seq_truncate(seq, want) and e.can_continue(seq, want)
+            touched = True
+            if ok:
+                n, kind = want, how
+                break
             e.seq_clear(seq)
-            e.seq_copy(plan.copy_from, seq, copy_n)
-            if self._fit(seq, copy_n, copy_n):
-                n, kind = copy_n, "copy"
-            else:
-                e.seq_clear(seq)
-                keep = 0
-        if n == 0 and keep > 0 and data is None:
-            if e.seq_truncate(seq, keep) and e.can_continue(seq, keep):
-                n, kind = keep, plan.kind
         if n == 0:
             e.seq_clear(seq)
         elif kind in ("copy", "ram", "disk"):
@@ -113,6 +116,11 @@ class KvReuse:
         if req.cache_miss:
             self.log("cache_miss", id=req.id, session=req.session, reason=req.cache_miss, reused=n, prompt=len(prompt))
         return True
+
+    def _restorable(self, entry, n: int) -> bool:
+        """Can a saved state be continued at n? Its window layers hold positions from pos_min on
+        (recorded at save; -1: not known, the restore finds out)."""
+        return entry.pos_min < 0 or entry.pos_min <= self.engine.window_start(n)
 
     def _fit(self, seq: int, have: int, want: int) -> bool:
         e = self.engine
@@ -181,7 +189,8 @@ class KvReuse:
         t0 = time.perf_counter()
         data = self.engine.state_seq_save(ev.seq)
         self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
-        store.put(ev.tokens, data, session=ev.session, template=self.template_id, pin_until=ev.pin_until)
+        store.put(ev.tokens, data, session=ev.session, template=self.template_id, pin_until=ev.pin_until,
+                  pos_min=self.engine.seq_pos_min(ev.seq))
 
     # ---- explanations -------------------------------------------------------------------
     def _explain(self, session: str | None, prompt: list[int], n: int) -> str:

@@ -51,6 +51,7 @@ class Entry:
     loading: bool = False
     last_used: int = 0
     pin_until: float = 0.0  # the store's clock time until which it goes after unpinned entries
+    pos_min: int = -1  # the oldest position its window layers hold (-1: not known)
 
     @property
     def n(self) -> int:
@@ -120,7 +121,8 @@ class KvStore:
         return self.ram_bytes > 0
 
     # ---- the scheduler's side -----------------------------------------------------------
-    def put(self, tokens, data, *, session: str | None = None, template: str = "", pin_until: float = 0.0) -> Entry | None:
+    def put(self, tokens, data, *, session: str | None = None, template: str = "", pin_until: float = 0.0,
+            pos_min: int = -1) -> Entry | None:  # fmt: skip
         """Keep a saved state in RAM (it replaces an entry of the same tokens); pin_until: see the module doc."""
         size = len(data)
         if not self.enabled or not size or size > self.ram_bytes:
@@ -131,7 +133,7 @@ class KvStore:
             old = self._entries.pop(key, None)
             if old is not None and old.data is not None:
                 self.ram_used -= old.size
-            e = Entry(key, toks, size, session, template, data, on_disk=old is not None and old.on_disk)
+            e = Entry(key, toks, size, session, template, data, on_disk=old is not None and old.on_disk, pos_min=pos_min)
             e.pin_until = max(pin_until, old.pin_until if old is not None else 0.0)
             self._touch(e)
             self._entries[key] = e
@@ -291,7 +293,8 @@ class KvStore:
                     p.unlink(missing_ok=True)
                     continue
                 key = p.name[: -len(SUFFIX)]
-                e = Entry(key, toks, int(hdr["size"]), hdr.get("session"), hdr.get("template", ""), on_disk=True)
+                e = Entry(key, toks, int(hdr["size"]), hdr.get("session"), hdr.get("template", ""), on_disk=True,
+                          pos_min=int(hdr.get("pos_min", -1)))  # fmt: skip
                 if e.session and e.template != self.template:
                     self.template_changed[e.session] = max(e.n, self.template_changed.get(e.session, 0))
                 e.last_used = int(p.stat().st_mtime_ns // 1000)  # older files first out
@@ -312,7 +315,7 @@ class KvStore:
         path = self._path(e.key)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         hdr = {"ns": self.ns, "n": e.n, "size": e.size, "session": e.session, "template": e.template,
-               "sha256": _digest(e.tokens, data)}  # fmt: skip
+               "pos_min": e.pos_min, "sha256": _digest(e.tokens, data)}  # fmt: skip
         raw = json.dumps(hdr).encode()
         with open(tmp, "wb") as f:
             f.write(MAGIC + _HDR.pack(len(raw)) + raw)

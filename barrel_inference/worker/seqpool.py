@@ -58,6 +58,7 @@ class Plan:
     copy_from: int = -1  # a sequence whose first copy_n committed tokens are copied into seq
     copy_n: int = 0
     evict: Evicted | None = None
+    keep_kind: str = "cold"  # what keeping the target's own prefix is ("sticky" | "prefix"), whatever kind says
 
     @property
     def reused(self) -> int:
@@ -66,6 +67,9 @@ class Plan:
 
 # busy seq -> (its tokens, how many of them are committed to the KV cache)
 Live = dict[int, tuple[list[int], int]]
+# (seq, n) -> can the first n positions of seq's cache be continued at n (kept or copied)? A sliding
+# window cache may no longer hold what position n attends to (the engine's can_share)
+Shareable = Callable[[int, int], bool]
 
 
 class SeqPool:
@@ -90,12 +94,15 @@ class SeqPool:
         slot = self._by_session.get(session) if session else None
         return slot.seq if slot is not None else None
 
-    def best_prefix(self, prompt: list[int], live: Live | None = None) -> int:
-        """The longest prefix of prompt that some sequence (busy or idle) holds."""
-        return max((self._committed_common(s, prompt, live) for s in self.slots), default=0)
+    def best_prefix(self, prompt: list[int], live: Live | None = None, shareable: Shareable | None = None) -> int:
+        """The longest prefix of prompt that some sequence (busy or idle) holds and can share."""
+        return max((self._usable(s, prompt, live, shareable) for s in self.slots), default=0)
 
-    def acquire(self, session: str | None, prompt: list[int] | None = None, live: Live | None = None) -> Plan | None:
-        """A plan for a new request, or None when every sequence is busy."""
+    def acquire(self, session: str | None, prompt: list[int] | None = None, live: Live | None = None,
+                shareable: Shareable | None = None) -> Plan | None:  # fmt: skip
+        """A plan for a new request, or None when every sequence is busy. Prefixes are counted up to
+        len(prompt) - 1 (one prompt token is always decoded, for its logits) and only where
+        `shareable` says the cache can be continued there."""
         self._clock += 1
         prompt = prompt or []
         free = [s for s in self.slots if not s.busy]
@@ -116,19 +123,20 @@ class SeqPool:
                 empty = [s for s in free if not s.tokens]
                 target = min(empty or free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
                 kind = "prefix"
-        keep = common_prefix(target.tokens, prompt)
+        keep = self._usable(target, prompt, None, shareable)
         evict = None
-        if target.tokens and keep < len(target.tokens) and kind != "sticky":
+        if target.tokens and (keep == 0 or common_prefix(target.tokens, prompt) < len(target.tokens)) and kind != "sticky":
             evict = Evicted(target.seq, list(target.tokens), target.session, target.pin_until)
             target.pin_until = 0.0  # the pin goes with the cache (to a tier), not with the sequence
         src, src_n = -1, 0
         for s in self.slots:
             if s is target:
                 continue
-            n = self._committed_common(s, prompt, live)
+            n = self._usable(s, prompt, live, shareable)
             if n > src_n:
                 src, src_n = s.seq, n
         plan = Plan(target.seq, kind if keep > 0 else "cold", keep)
+        plan.keep_kind = plan.kind
         if src_n > keep:
             plan.copy_from, plan.copy_n, plan.kind = src, src_n, "copy"
         plan.evict = evict
@@ -212,6 +220,12 @@ class SeqPool:
             s.tokens = []
             s.busy = False
             s.pin_until = 0.0
+
+    def _usable(self, slot: Slot, prompt: list[int], live: Live | None, shareable: Shareable | None) -> int:
+        n = min(self._committed_common(slot, prompt, live), max(0, len(prompt) - 1))
+        if n > 0 and shareable is not None and not shareable(slot.seq, n):
+            return 0
+        return n
 
     def _committed_common(self, slot: Slot, prompt: list[int], live: Live | None) -> int:
         if not slot.busy:

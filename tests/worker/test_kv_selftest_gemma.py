@@ -58,3 +58,42 @@ def test_swa_full_lets_a_prefix_be_copied_out_of_a_longer_sequence(gemma_gguf, s
         assert e.can_continue(1, 1200) is swa_full
     finally:
         e.close()
+
+
+def test_a_state_holding_exactly_the_window_is_restored_and_continued_exactly(gemma_gguf):
+    """The window layers overwrite a cell once the sequence's next token no longer sees it (n_past -
+    pos >= 512), so under pressure a sequence of n tokens keeps positions n - 511 .. n - 1 there:
+    exactly what its next token attends to. Such a state, saved and restored, must be continued
+    (it was refused by an off-by-one, which sent every such conversation back to a cold prefill),
+    and with flash attention off it continues bit-exactly; one token shorter, it lacks a cell."""
+    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=2, threads=2, extra_buffers=False, flash_attn="off")
+    try:
+        n = 1000
+        toks = [(11 * i) % 5000 + 300 for i in range(3000)]
+
+        def feed(seq: int, start: int, end: int) -> None:
+            for s in range(start, end, 64):
+                part = toks[s : min(end, s + 64)]
+                assert e.decode(part, list(range(s, s + len(part))), [seq] * len(part), [False] * len(part)) == 0
+
+        feed(0, 0, n)
+        # another sequence's tokens take over sequence 0's cells that its next token no longer sees
+        done = 0
+        while e.seq_pos_min(0) < e.window_start(n) and done < 2000:
+            feed(1, done, done + 64)
+            done += 64
+        assert e.window_start(n) == n - 511
+        assert e.seq_pos_min(0) == n - 511, "the window layers kept more than the window: nothing to test"
+        state = e.state_seq_save(0)
+        assert e.decode([toks[n]], [n], [0], [True]) == 0
+        ref = e.logits(0).copy()
+        e.seq_clear(1)
+        assert e.state_seq_load(1, state)
+        assert e.seq_pos_min(1) == n - 511
+        assert e.can_continue(1, n)
+        assert e.decode([toks[n]], [n], [1], [True]) == 0
+        assert (e.logits(0) == ref).all()
+        assert e.seq_truncate(1, n - 1)
+        assert not e.can_continue(1, n - 1)  # position n - 512 is gone
+    finally:
+        e.close()

@@ -128,3 +128,49 @@ def test_common_prefix():
     long = list(range(2000))
     assert common_prefix(long, long[:1500] + [-1]) == 1500
     assert common_prefix(long, long, 700) == 700
+
+
+def test_a_prefix_that_cannot_be_continued_is_neither_copied_nor_kept():
+    """A sliding-window cache keeps only the latest positions of a long sequence, so a short prefix
+    of it cannot be continued (the engine's can_share says so): the pool copies from a sequence
+    that can share, else nothing, and hands the target's cache over to be saved."""
+    pool = SeqPool(3)
+    system = [BOS] + list(range(10, 30))
+    long_conv = system + list(range(100, 160))  # ran far past the shared prefix
+    short_conv = system + [200, 201]
+    for toks in (long_conv, short_conv):
+        p = pool.acquire(None, toks)
+        pool.release(p.seq, toks)
+    long_seq = next(s.seq for s in pool.slots if s.tokens == long_conv)
+    short_seq = next(s.seq for s in pool.slots if s.tokens == short_conv)
+
+    def shareable(seq, n):  # the long sequence holds only its last 40 positions
+        return seq != long_seq or n >= len(long_conv) - 40
+
+    newcomer = system + [300, 301]
+    plan = pool.acquire("new", newcomer, shareable=shareable)
+    assert plan.copy_from == short_seq and plan.copy_n == len(system)
+    pool.release(plan.seq, newcomer)
+    # without a sequence that can share, nothing is copied (without the check: the long one)
+    plan = SeqPool(2)
+    p = plan.acquire(None, long_conv)
+    plan.release(p.seq, long_conv)
+    fresh = plan.acquire(None, system + [400], shareable=lambda s, n: n >= len(long_conv) - 40)
+    assert fresh.copy_n == 0 and fresh.kind == "cold"
+    # the target's own prefix is not kept when it cannot be continued; its cache goes to a tier
+    full = SeqPool(1)
+    p = full.acquire(None, long_conv)
+    full.release(p.seq, long_conv)
+    other = full.acquire(None, system + [500], shareable=lambda s, n: n >= len(long_conv) - 40)
+    assert other.keep == 0 and other.kind == "cold"
+    assert other.evict is not None and other.evict.tokens == long_conv
+
+
+def test_prefixes_count_up_to_all_but_the_last_prompt_token():
+    pool = SeqPool(2)
+    toks = [BOS, 5, 6, 7]
+    p = pool.acquire(None, toks)
+    pool.release(p.seq, toks)
+    seen = []
+    again = pool.acquire(None, toks, shareable=lambda s, n: seen.append(n) or True)
+    assert again.keep == len(toks) - 1 and seen == [len(toks) - 1]

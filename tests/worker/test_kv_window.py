@@ -1,0 +1,72 @@
+"""KV reuse on a sliding-window cache, with a fake engine whose window layers keep only the last
+positions a sequence's next token attends to (what llama.cpp's window cache keeps under pressure).
+
+A saved state whose window no longer reaches back to where a new prompt diverges is not restored
+(the load would be wasted: the cut state cannot be continued); one the prompt extends is.
+"""
+
+from __future__ import annotations
+
+from barrel_inference.worker.fake import FakeEngine
+from barrel_inference.worker.kvreuse import KvReuse
+from barrel_inference.worker.kvstore import KvStore
+
+from .harness import make_request
+
+N_SWA = 8
+
+
+class WindowEngine(FakeEngine):
+    n_swa = N_SWA
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.loads = 0
+
+    def seq_pos_min(self, seq: int) -> int:
+        n = len(self._match[seq]) - 1
+        return max(0, n - N_SWA + 1) if n > 0 else -1
+
+    def window_start(self, n_past: int) -> int:
+        return max(0, n_past - N_SWA + 1)
+
+    def can_share(self, seq: int, n: int) -> bool:
+        return n <= 0 or 0 <= self.seq_pos_min(seq) <= self.window_start(n)
+
+    def can_continue(self, seq: int, n_past: int) -> bool:
+        return super().can_continue(seq, n_past) and self.seq_pos_min(seq) <= self.window_start(n_past)
+
+    def state_seq_save(self, seq: int) -> bytes:
+        return bytes(self._match[seq])
+
+    def state_seq_load(self, seq: int, data) -> bool:
+        self.loads += 1
+        self._match[seq] = list(bytes(data))
+        return True
+
+
+def _turn(reuse: KvReuse, eng: WindowEngine, rid: str, prompt: list[int], session: str):
+    req = make_request(eng, rid, prompt, session=session)
+    assert reuse.admit(req, {}) is True
+    rest = prompt[req.n_past :]
+    assert eng.decode(rest, list(range(req.n_past, len(prompt))), [req.seq] * len(rest), [False] * len(rest)) == 0
+    reuse.release(req, list(prompt))
+    return req
+
+
+def test_a_saved_state_is_restored_only_where_its_window_reaches():
+    eng = WindowEngine(n_seq_max=1)
+    store = KvStore(namespace={"m": "fake"}, ram_bytes=1 << 20)
+    reuse = KvReuse(eng, n_seq=1, store=store)
+    a = [ord(c) for c in "alpha conversation turn one"]
+    b = [ord(c) for c in "bravo conversation turn one"]
+    _turn(reuse, eng, "a1", a, "a")
+    _turn(reuse, eng, "b1", b, "b")  # takes the only sequence: A's state goes to RAM, window from len(a) - 7
+    assert store.stats()["ram_entries"] == 1
+    diverged = a[:12] + [ord(c) for c in " something else entirely"]
+    r = _turn(reuse, eng, "a2", diverged, "a")
+    assert eng.loads == 0, "a state that cannot be cut back to 12 tokens was loaded anyway"
+    assert r.cache_kind == "cold" and r.n_cached == 0
+    extended = a + [ord(c) for c in " and two"]
+    r = _turn(reuse, eng, "a3", extended, "a")
+    assert eng.loads == 1 and r.cache_kind == "ram" and r.n_cached == len(a)
