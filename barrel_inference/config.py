@@ -67,6 +67,10 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
     # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
     max_retained_tokens: int | None = None
+    # sequence ids beyond n_seq_max that only hold idle caches (a conversation between turns keeps
+    # its cells and its next turn continues them: exact with any attention kernel); the KV cache
+    # gets max_retained_tokens cells for them on top. None: as many as n_seq_max; 0: none
+    idle_sequences: int | None = None
     kv_ram_bytes: int | None = None
     kv_disk_bytes: int | None = None
     # admission (the gateway's per-model queue; not passed to the worker)

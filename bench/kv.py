@@ -192,11 +192,13 @@ async def run(args) -> dict:
     system = system_prompt(args.system_tokens, count)
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
                           flash_attn=args.flash_attn, prefill_chunk=args.prefill_chunk,
-                          max_retained_tokens=args.max_retained_tokens, swa_full=args.swa_full)
+                          max_retained_tokens=args.max_retained_tokens, swa_full=args.swa_full,
+                          idle_sequences=args.idle_sequences)
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
                         "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
                         "max_retained_tokens": args.max_retained_tokens, "swa_full": args.swa_full,
+                        "idle_sequences": args.idle_sequences,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -245,6 +247,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
     p.add_argument("--max-retained-tokens", type=int, default=None, help="ours: tokens idle sequences keep (default: the daemon's)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
+    p.add_argument("--idle-sequences", type=int, default=None,
+                   help="ours: sequence ids beyond --parallel that hold idle caches (default: the daemon's, = --parallel)")
     p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every position, in every system")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")

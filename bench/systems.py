@@ -46,6 +46,7 @@ class Shape:
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
     max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)
     swa_full: bool = False  # sliding-window models keep every position (ours: swa_full; llama-server: --swa-full)
+    idle_sequences: int | None = None  # ours only: sequence ids that hold idle caches (None: the daemon's default)
 
 
 @dataclass
@@ -151,6 +152,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             f'flash_attn = "{shape.flash_attn}"',
             *([f"max_retained_tokens = {shape.max_retained_tokens}"] if shape.max_retained_tokens is not None else []),
             *(["swa_full = true"] if shape.swa_full else []),
+            *([f"idle_sequences = {shape.idle_sequences}"] if shape.idle_sequences is not None else []),
             "",
         ])
     )  # fmt: skip

@@ -47,6 +47,7 @@ _FLAGS = {
     "use_mlock": "--use-mlock",
     "content_special": "--content-special",
     "max_retained_tokens": "--max-retained-tokens",
+    "idle_sequences": "--idle-sequences",
     "kv_ram_bytes": "--kv-ram-bytes",
     "kv_disk_bytes": "--kv-disk-bytes",
     "extra_buffers": "--extra-buffers",

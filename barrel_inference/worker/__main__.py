@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="parse control tokens inside message contents too (the old, injectable behaviour)")
     p.add_argument("--max-retained-tokens", type=int, default=None,
                    help="tokens idle sequences keep in the KV cache together (least recently used dropped first)")
+    p.add_argument("--idle-sequences", type=int, default=None,
+                   help="sequence ids beyond --n-seq-max that only hold idle caches, with --max-retained-tokens "
+                        "cells of their own (default: as many as --n-seq-max; 0: none)")
     p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
     p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
     p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
@@ -105,15 +108,24 @@ def build_engine(args, extra_buffers: bool):
     if args.fake:
         from .fake import FakeEngine
 
-        return FakeEngine(n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch, tps=args.fake_tps)
+        return FakeEngine(n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch, tps=args.fake_tps,
+                          n_seq_idle=idle_room(args)["n_seq_idle"])  # fmt: skip
     from .engine import LlamaEngine
 
     return LlamaEngine(
         args.model_path, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch,
         n_ubatch=args.n_ubatch, threads=args.threads, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
         use_mmap=args.use_mmap, use_mlock=args.use_mlock, extra_buffers=extra_buffers,
-        flash_attn=args.flash_attn, swa_full=args.swa_full,
+        flash_attn=args.flash_attn, swa_full=args.swa_full, **idle_room(args),
     )  # fmt: skip
+
+
+def idle_room(args) -> dict:
+    """Sequence ids and KV cells for idle caches: as many ids as running sequences unless told,
+    and room for max_retained_tokens (unbounded: n_ctx for each)."""
+    n = args.n_seq_max if args.idle_sequences is None else max(0, args.idle_sequences)
+    cells = args.max_retained_tokens if args.max_retained_tokens is not None else n * args.n_ctx
+    return {"n_seq_idle": n, "idle_cells": max(0, cells) if n else 0}
 
 
 def system_info(fake: bool = False, extra_buffers: str = "auto") -> dict:

@@ -132,6 +132,7 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 GRAMMAR_STAGES = (64, 4096, 32768)
 # the flash_attn setting -> llama_context_params.flash_attn_type (LLAMA_FLASH_ATTN_TYPE_AUTO / _DISABLED / _ENABLED)
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids of one context
 
 
 class Sampler:
@@ -168,6 +169,8 @@ class LlamaEngine:
 
     n_ctx is the limit of one sequence (prompt + output); the unified KV cache holds
     n_ctx * n_seq_max cells so that no sequence is ever short of room because others run.
+    n_seq_idle more sequence ids hold idle caches (conversations between turns) with idle_cells
+    more cells for them: at most n_seq_max sequences run at once, n_seq_total exist.
     """
 
     def __init__(
@@ -186,6 +189,8 @@ class LlamaEngine:
         extra_buffers: bool = True,
         flash_attn: str = "auto",
         swa_full: bool = False,
+        n_seq_idle: int = 0,
+        idle_cells: int = 0,
     ):
         _backend_init()
         mp = L.llama_model_default_params()
@@ -218,6 +223,8 @@ class LlamaEngine:
         self.n_ctx_train = L.llama_model_n_ctx_train(self.model)
         self.n_ctx = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
         self.n_seq_max = n_seq_max
+        self.n_seq_idle = max(0, min(int(n_seq_idle), MAX_SEQ - n_seq_max))
+        self.idle_cells = max(0, int(idle_cells)) if self.n_seq_idle else 0
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
         self.threads = threads or cpu_count()  # the cores this process may run on (a replica pinned to a core set)
@@ -288,8 +295,9 @@ class LlamaEngine:
         # Sliding-window layers with swa_full keep every position, so a cached prefix can be cut or
         # copied at any length (without it, only within the last window of what the sequence holds).
         self.ctx = self._new_context(
-            n_ctx=self.n_ctx * self.n_seq_max,  # unified: every sequence can reach n_ctx
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_max, kv_unified=True,
+            # unified: every running sequence can reach n_ctx; idle caches have room of their own
+            n_ctx=self.n_ctx * self.n_seq_max + self.idle_cells,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total, kv_unified=True,
             flash_attn_type=FLASH_ATTN[self.flash_attn], swa_full=self.swa_full,
         )  # fmt: skip
         if not self.ctx:
@@ -392,6 +400,10 @@ class LlamaEngine:
         if pos_min < 0:
             return False
         return pos_min <= self.window_start(n_past)
+
+    @property
+    def n_seq_total(self) -> int:
+        return self.n_seq_max + self.n_seq_idle
 
     def can_share(self, seq: int, n: int) -> bool:
         """Could seq's first n positions be continued at n, kept in place or copied to another

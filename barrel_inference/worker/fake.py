@@ -34,11 +34,14 @@ class FakeEngine:
     chat_template = None
     add_bos = False
     n_swa = 0
+    n_seq_idle = 0
 
-    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0, **_):
+    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0,
+                 n_seq_idle: int = 0, **_):  # fmt: skip
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx
         self.n_seq_max = n_seq_max
+        self.n_seq_idle = n_seq_idle
         self.n_batch = n_batch
         self.n_vocab = 257
         self.tick_seconds = 1.0 / tps if tps > 0 else 0.0
@@ -46,7 +49,7 @@ class FakeEngine:
         self.embed_seconds = embed_seconds  # time each embedding input takes
         self.max_token_chars = 1
         # per sequence: match[i] = how far kv[:i] follows the text (len(kv) + 1 entries)
-        self._match: list[list[int]] = [[0] for _ in range(n_seq_max)]
+        self._match: list[list[int]] = [[0] for _ in range(self.n_seq_total)]
         self._rows: list[int | None] = []  # per row of the last batch: the predicted token, None without logits
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -74,7 +77,7 @@ class FakeEngine:
         """Like llama_decode: -1 (nothing changes) unless every sequence's positions continue its cache."""
         nxt: dict[int, int] = {}
         for p, q in zip(pos, seqs):
-            if not 0 <= q < self.n_seq_max or p != nxt.get(q, len(self._match[q]) - 1):
+            if not 0 <= q < self.n_seq_total or p != nxt.get(q, len(self._match[q]) - 1):
                 return -1
             nxt[q] = p + 1
         if self.tick_seconds:
@@ -135,6 +138,10 @@ class FakeEngine:
     def can_continue(self, seq: int, n_past: int) -> bool:
         return len(self._match[seq]) - 1 == n_past
 
+    @property
+    def n_seq_total(self) -> int:
+        return self.n_seq_max + self.n_seq_idle
+
     def can_share(self, seq: int, n: int) -> bool:
         return True  # no sliding window: any prefix it holds can be continued
 
@@ -160,7 +167,7 @@ class FakeEngine:
         return {"exact_up_to": None, "probes": []}
 
     def recreate_context(self) -> None:
-        self._match = [[0] for _ in range(self.n_seq_max)]
+        self._match = [[0] for _ in range(self.n_seq_total)]
         self._rows = []
 
     def close(self) -> None:

@@ -38,9 +38,10 @@ class SessionRec:
 
 class KvReuse:
     def __init__(self, engine, *, n_seq: int, store: KvStore | None = None, max_retained_tokens: int | None = None,
-                 exact_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic):  # fmt: skip
+                 exact_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic,
+                 max_busy: int | None = None):  # fmt: skip
         self.engine = engine
-        self.pool = SeqPool(n_seq, clock)  # clock: seconds, for pins (tests pass a fake one)
+        self.pool = SeqPool(n_seq, clock, max_busy)  # clock: seconds, for pins (tests pass a fake one)
         self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
         self.max_retained = max_retained_tokens
         self.exact_up_to = exact_up_to  # None: restores are exact at any length
@@ -152,9 +153,21 @@ class KvReuse:
         if self.max_retained is None:
             return
         for slot in self.pool.over_retention(self.max_retained):
-            self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until))
-            self.engine.seq_clear(slot.seq)
-            self.pool.forget(slot.seq)
+            self._drop(slot)
+
+    def drop_idle(self) -> int:
+        """The KV cache is full: every idle cache goes to the tiers (or away). Returns how many."""
+        idle = [s for s in self.pool.slots if not s.busy and s.tokens]
+        for slot in idle:
+            self._drop(slot)
+        if idle:
+            self.log("kv_full_idle_dropped", caches=len(idle))
+        return len(idle)
+
+    def _drop(self, slot) -> None:
+        self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until))
+        self.engine.seq_clear(slot.seq)
+        self.pool.forget(slot.seq)
 
     def end_session(self, session: str) -> None:
         seq = self.pool.end_session(session)

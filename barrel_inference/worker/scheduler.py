@@ -33,7 +33,7 @@ class Scheduler:
         self.prefill_chunk = max(1, prefill_chunk)
         self.n_batch = engine.n_batch
         self.log = log or (lambda *a, **k: None)
-        self.reuse = reuse or KvReuse(engine, n_seq=engine.n_seq_max, log=self.log)
+        self.reuse = reuse or KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, log=self.log)
         self.pool = self.reuse.pool
         self.parked: list[Request] = []  # waiting for a saved state to be read from disk
         self.profile = TickProfile()
@@ -220,6 +220,8 @@ class Scheduler:
             budget -= take
         t1 = time.perf_counter()
         status = self.engine.decode(tokens, pos, seqs, logits)
+        if status == 1 and self.reuse.drop_idle():  # no KV slot: idle caches give way to running requests
+            status = self.engine.decode(tokens, pos, seqs, logits)
         t2 = time.perf_counter()
         if status != 0:
             self._decode_failed(status, out)
@@ -375,7 +377,8 @@ class Scheduler:
         return {
             "running": self.n_running,
             "waiting": self.n_waiting,
-            "n_seq_max": len(self.pool),
+            "n_seq_max": self.pool.max_busy,
+            "n_seq_idle": len(self.pool) - self.pool.max_busy,  # sequence ids that only hold idle caches
             "seqs_busy": self.pool.n_busy,
             # KV cells in use: the running requests' committed tokens plus what idle sequences retain
             "kv_cells_used": sum(r.n_past for r in self.active) + self.pool.retained(),

@@ -73,8 +73,11 @@ Shareable = Callable[[int, int], bool]
 
 
 class SeqPool:
-    def __init__(self, n_seq: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, n_seq: int, clock: Callable[[], float] = time.monotonic, max_busy: int | None = None):
         self.slots = [Slot(i) for i in range(n_seq)]
+        # at most this many run at once; the other sequences only hold idle caches (the engine's
+        # n_seq_idle: a conversation between turns keeps its cells, and its next turn is sticky)
+        self.max_busy = n_seq if max_busy is None else max(1, min(max_busy, n_seq))
         self._by_session: dict[str, Slot] = {}
         self._clock = 0
         self.clock = clock  # seconds, for pins
@@ -106,7 +109,7 @@ class SeqPool:
         self._clock += 1
         prompt = prompt or []
         free = [s for s in self.slots if not s.busy]
-        if not free:
+        if not free or len(self.slots) - len(free) >= self.max_busy:
             return None
         own = self._by_session.get(session) if session else None
         kind = "cold"

@@ -97,8 +97,9 @@ class WorkerServer:
             namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
             self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
                                  directory=kv_dir, log=self.log, template=template_id)  # fmt: skip
-        reuse = KvReuse(engine, n_seq=engine.n_seq_max, store=self.store, max_retained_tokens=max_retained_tokens,
-                        exact_up_to=exact_up_to, template_id=template_id, log=self.log)  # fmt: skip
+        reuse = KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, store=self.store,
+                        max_retained_tokens=max_retained_tokens, exact_up_to=exact_up_to, template_id=template_id,
+                        log=self.log)  # fmt: skip
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse)
         if self.store is not None:
             self.store.on_loaded = self.scheduler.entry_loaded

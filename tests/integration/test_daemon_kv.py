@@ -26,9 +26,29 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("kvdaemon")
 
 
+def test_idle_sequences_keep_a_conversation_while_another_runs(tiny_gguf, tmp_path):
+    """By default a worker has as many idle sequence ids as running ones: with one sequence, A's
+    cache stays in the KV cache while B runs, and A's next turn continues it in place."""
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "turn one"}]
+    with Daemon(tmp_path, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=2048, threads=1) as d, httpx.Client(base_url=d.url, timeout=60) as c:
+        r1 = c.post("/v1/chat/completions", json=body(first), headers={"x-session-id": "A"})
+        rb = c.post("/v1/chat/completions", json=body([{"role": "user", "content": "other"}]), headers={"x-session-id": "B"})
+        assert r1.status_code == rb.status_code == 200
+        second = first + [r1.json()["choices"][0]["message"], {"role": "user", "content": "turn two"}]
+        r2 = c.post("/v1/chat/completions", json=body(second), headers={"x-session-id": "A"})
+        assert r2.status_code == 200
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["prompt_tokens"]
+        if "x-cache-miss" in r2.headers:  # the reply re-tokenised otherwise than it was generated: said so
+            assert int(r2.headers["x-cache-miss"].removeprefix("diverged-at=")) >= r1.json()["usage"]["prompt_tokens"]
+        s = stats(c)
+        assert s["n_seq_max"] == 1 and s["n_seq_idle"] == 1
+        assert s["cache"]["hits"]["sticky"] == 1 and s["cache"]["hits"]["ram"] == 0
+
+
 def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "turn one"}]
-    with Daemon(root, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=2048, threads=1) as d, httpx.Client(base_url=d.url, timeout=60) as c:
+    # no idle sequences: the one sequence's cache goes to the tiers whenever another conversation runs
+    with Daemon(root, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=2048, threads=1, defaults="idle_sequences = 0") as d, httpx.Client(base_url=d.url, timeout=60) as c:
         r1 = c.post("/v1/chat/completions", json=body(first), headers={"x-session-id": "A"})
         assert r1.status_code == 200 and "x-cache-miss" not in r1.headers
         u1 = r1.json()["usage"]
@@ -67,7 +87,7 @@ def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
         assert r4.status_code == 200
     assert list((root / "kv").rglob("*.kv")), "the worker saved its sequences at exit"
     third = second + [r4.json()["choices"][0]["message"], {"role": "user", "content": "turn three"}]
-    with Daemon(root, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=2048, threads=1) as d, httpx.Client(base_url=d.url, timeout=60) as c:
+    with Daemon(root, {"tiny": tiny_gguf}, n_seq_max=1, n_ctx=2048, threads=1, defaults="idle_sequences = 0") as d, httpx.Client(base_url=d.url, timeout=60) as c:
         r5 = c.post("/v1/chat/completions", json=body(third), headers={"x-session-id": "A"})
         assert r5.status_code == 200
         u5 = r5.json()["usage"]

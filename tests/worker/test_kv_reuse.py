@@ -130,8 +130,8 @@ class Conversation:
 
 def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t"):
     engine.recreate_context()
-    reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_max, store=store, max_retained_tokens=max_retained,
-                    exact_up_to=None, template_id=template)  # fmt: skip
+    reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_total, store=store, max_retained_tokens=max_retained,
+                    exact_up_to=None, template_id=template, max_busy=engine.n_seq_max)  # fmt: skip
     run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded
@@ -151,6 +151,38 @@ def test_selftest_finds_restores_exact_on_the_tiny_model(engine):
     result = engine.state_selftest()
     assert result["exact_up_to"] is None
     assert result["probes"] and all(p["exact"] and p["max_abs_diff"] == 0.0 for p in result["probes"])
+
+
+@pytest.fixture(scope="module")
+def idle_engine(tiny_gguf):
+    """One running sequence and two more sequence ids that only hold idle caches."""
+    from barrel_inference.worker.engine import LlamaEngine
+
+    e = LlamaEngine(str(tiny_gguf), n_ctx=N_CTX, n_seq_max=1, n_batch=256, threads=2, n_seq_idle=2, idle_cells=2 * N_CTX)
+    yield e
+    e.close()
+
+
+def test_idle_sequences_keep_more_conversations_than_run_at_once_and_equal_cold(idle_engine, cold_engine):
+    """Three conversations round robin, one running at a time: each keeps its cells under its own
+    sequence id between turns, so every later turn continues them in place (sticky, no save or
+    restore) and equals the cold replay."""
+    e = idle_engine
+    assert e.n_seq_total == 3
+    convs = [Conversation(e, n, session=n) for n in ("x", "y", "z")]
+    with scheduler(e, max_retained=10_000) as (s, c):
+        assert s.stats()["n_seq_max"] == 1 and s.stats()["n_seq_idle"] == 2
+        for i in range(3):
+            for conv in convs:
+                conv.turn(s, c, f"round {i}")
+    x, y, z = convs
+    assert [x.kinds[0], y.kinds[0], z.kinds[0]] == ["cold", "copy", "copy"]  # the system prompt is shared
+    for conv in convs:
+        assert conv.kinds[1:] == ["sticky", "sticky"], conv.kinds
+        conv.check_cached_grows()
+    x.check_against_cold(cold_engine)
+    y.check_against_cold(cold_engine, base=x.history[:1])
+    z.check_against_cold(cold_engine, base=x.history[:1])
 
 
 def test_sticky_session_six_turns_equal_cold(engine, cold_engine):

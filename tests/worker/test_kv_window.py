@@ -70,3 +70,35 @@ def test_a_saved_state_is_restored_only_where_its_window_reaches():
     extended = a + [ord(c) for c in " and two"]
     r = _turn(reuse, eng, "a3", extended, "a")
     assert eng.loads == 1 and r.cache_kind == "ram" and r.n_cached == len(a)
+
+
+class FullEngine(FakeEngine):
+    """A KV cache of `capacity` cells: a batch that does not fit is refused with status 1 (what
+    llama_decode returns when it finds no KV slot), leaving the cache as it was."""
+
+    capacity = 40
+
+    def decode(self, tokens, pos, seqs, logits) -> int:
+        used = sum(len(m) - 1 for m in self._match)
+        if used + len(tokens) > self.capacity:
+            return 1
+        return super().decode(tokens, pos, seqs, logits)
+
+
+def test_a_full_kv_cache_drops_idle_caches_rather_than_failing_the_running_request():
+    from barrel_inference.protocol import FinishReason
+
+    from .harness import Running
+
+    eng = FullEngine(n_seq_max=1, n_seq_idle=1)
+    reuse = KvReuse(eng, n_seq=eng.n_seq_total, max_busy=eng.n_seq_max)
+    with Running(eng, reuse=reuse) as (s, c):
+        s.submit(make_request(eng, "a", "alpha conversation, first turn", max_tokens=4))
+        c.wait(["a"])
+        c.wait_for(lambda: s.pool.n_busy == 0 and not s.active and s.pool.retained() > 0)
+        s.submit(make_request(eng, "b", "bravo, a different thing entirely", max_tokens=4))
+        c.wait(["b"])
+        done = c.done()["b"]
+    assert done.finish_reason is FinishReason.LENGTH, done.error  # not a decode failure
+    assert s.n_decode_failures == 0
+    assert reuse.evictions == 1  # alpha's idle cache gave way

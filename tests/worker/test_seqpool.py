@@ -174,3 +174,17 @@ def test_prefixes_count_up_to_all_but_the_last_prompt_token():
     seen = []
     again = pool.acquire(None, toks, shareable=lambda s, n: seen.append(n) or True)
     assert again.keep == len(toks) - 1 and seen == [len(toks) - 1]
+
+
+def test_idle_sequences_hold_caches_but_never_run_more_than_max_busy():
+    pool = SeqPool(3, max_busy=1)
+    a = pool.acquire("a", [BOS, 1, 2])
+    assert pool.acquire("b", [BOS, 5, 6]) is None  # two sequences are free, but one runs at a time
+    pool.release(a.seq, [BOS, 1, 2, 3])
+    b = pool.acquire("b", [BOS, 5, 6])
+    assert b.seq != a.seq and b.evict is None  # an empty sequence: a's cache stays where it is
+    pool.release(b.seq, [BOS, 5, 6, 7])
+    c = pool.acquire("c", [BOS, 8])
+    pool.release(c.seq, [BOS, 8, 9])
+    again = pool.acquire("a", [BOS, 1, 2, 3, 4])
+    assert again.seq == a.seq and again.kind == "sticky" and again.keep == 4
