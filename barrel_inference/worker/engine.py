@@ -294,10 +294,16 @@ class LlamaEngine:
         # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact.
         # Sliding-window layers with swa_full keep every position, so a cached prefix can be cut or
         # copied at any length (without it, only within the last window of what the sequence holds).
+        # llama.cpp sizes the window layers' cache as one window per sequence id (plus a ubatch).
+        # A window cell that several sequences share (a copied system prompt: every cell its first
+        # prefill left there) is never reused while they all hold it, so with idle sequences the
+        # window layers get room for a shared prefix as long as one context, asked for as more ids
+        headroom = -(-self.n_ctx // self.n_swa) if self.n_swa > 0 and not self.swa_full and self.n_seq_idle > 0 else 0
+        headroom = min(headroom, MAX_SEQ - self.n_seq_total)
         self.ctx = self._new_context(
             # unified: every running sequence can reach n_ctx; idle caches have room of their own
             n_ctx=self.n_ctx * self.n_seq_max + self.idle_cells,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total, kv_unified=True,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total + headroom, kv_unified=True,
             flash_attn_type=FLASH_ATTN[self.flash_attn], swa_full=self.swa_full,
         )  # fmt: skip
         if not self.ctx:

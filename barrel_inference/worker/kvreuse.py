@@ -155,14 +155,16 @@ class KvReuse:
         for slot in self.pool.over_retention(self.max_retained):
             self._drop(slot)
 
-    def drop_idle(self) -> int:
-        """The KV cache is full: every idle cache goes to the tiers (or away). Returns how many."""
+    def drop_idle(self) -> bool:
+        """The KV cache is full: the least recently used idle cache (unpinned first) goes to the
+        tiers (or away). False when there is none."""
         idle = [s for s in self.pool.slots if not s.busy and s.tokens]
-        for slot in idle:
-            self._drop(slot)
-        if idle:
-            self.log("kv_full_idle_dropped", caches=len(idle))
-        return len(idle)
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: (self.pool.pinned(s), s.last_used))
+        self.log("kv_full_idle_dropped", seq=slot.seq, tokens=len(slot.tokens), idle=len(idle))
+        self._drop(slot)
+        return True
 
     def _drop(self, slot) -> None:
         self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until))

@@ -220,7 +220,7 @@ class Scheduler:
             budget -= take
         t1 = time.perf_counter()
         status = self.engine.decode(tokens, pos, seqs, logits)
-        if status == 1 and self.reuse.drop_idle():  # no KV slot: idle caches give way to running requests
+        while status == 1 and self.reuse.drop_idle():  # no KV slot: idle caches give way, oldest first
             status = self.engine.decode(tokens, pos, seqs, logits)
         t2 = time.perf_counter()
         if status != 0:

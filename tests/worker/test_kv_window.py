@@ -85,20 +85,29 @@ class FullEngine(FakeEngine):
         return super().decode(tokens, pos, seqs, logits)
 
 
-def test_a_full_kv_cache_drops_idle_caches_rather_than_failing_the_running_request():
+def test_a_full_kv_cache_drops_the_oldest_idle_cache_rather_than_failing_the_running_request():
     from barrel_inference.protocol import FinishReason
 
     from .harness import Running
 
-    eng = FullEngine(n_seq_max=1, n_seq_idle=1)
+    eng = FullEngine(n_seq_max=1, n_seq_idle=2)
+    eng.capacity = 80
     reuse = KvReuse(eng, n_seq=eng.n_seq_total, max_busy=eng.n_seq_max)
     with Running(eng, reuse=reuse) as (s, c):
-        s.submit(make_request(eng, "a", "alpha conversation, first turn", max_tokens=4))
-        c.wait(["a"])
-        c.wait_for(lambda: s.pool.n_busy == 0 and not s.active and s.pool.retained() > 0)
-        s.submit(make_request(eng, "b", "bravo, a different thing entirely", max_tokens=4))
-        c.wait(["b"])
-        done = c.done()["b"]
+        for rid, prompt in (("a", "alpha conversation, first turn"), ("b", "bravo conversation, first turn")):
+            s.submit(make_request(eng, rid, prompt, max_tokens=4))
+            c.wait([rid])
+            c.wait_for(lambda: s.pool.n_busy == 0 and not s.active)
+        held = {slot.seq: list(slot.tokens) for slot in s.pool.slots if slot.tokens}
+        assert len(held) == 2
+        used = sum(len(m) - 1 for m in eng._match)
+        newcomer = "charlie, a different thing entirely"
+        assert used + len(newcomer) > eng.capacity >= used - min(len(t) for t in held.values()) + len(newcomer) + 4
+        s.submit(make_request(eng, "c", newcomer, max_tokens=4))
+        c.wait(["c"])
+        done = c.done()["c"]
     assert done.finish_reason is FinishReason.LENGTH, done.error  # not a decode failure
     assert s.n_decode_failures == 0
-    assert reuse.evictions == 1  # alpha's idle cache gave way
+    assert reuse.evictions == 1  # alpha's cache, the older, gave way; bravo's stayed
+    kept = [slot.tokens for slot in s.pool.slots if slot.tokens and slot.tokens[: len("bravo")] == [ord(ch) for ch in "bravo"]]
+    assert kept, "bravo's idle cache was dropped too"
