@@ -298,12 +298,10 @@ class LlamaEngine:
         # A window cell that several sequences share (a copied system prompt: every cell its first
         # prefill left there) is never reused while they all hold it, so with idle sequences the
         # window layers get room for a shared prefix as long as one context, asked for as more ids
-        headroom = -(-self.n_ctx // self.n_swa) if self.n_swa > 0 and not self.swa_full and self.n_seq_idle > 0 else 0
-        headroom = min(headroom, MAX_SEQ - self.n_seq_total)
         self.ctx = self._new_context(
             # unified: every running sequence can reach n_ctx; idle caches have room of their own
             n_ctx=self.n_ctx * self.n_seq_max + self.idle_cells,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total + headroom, kv_unified=True,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total + self._swa_headroom(), kv_unified=True,
             flash_attn_type=FLASH_ATTN[self.flash_attn], swa_full=self.swa_full,
         )  # fmt: skip
         if not self.ctx:
@@ -406,6 +404,12 @@ class LlamaEngine:
         if pos_min < 0:
             return False
         return pos_min <= self.window_start(n_past)
+
+    def _swa_headroom(self) -> int:
+        """Sequence ids asked for only to widen the window layers' cache (see _create_context)."""
+        if self.n_swa <= 0 or self.swa_full or self.n_seq_idle <= 0:
+            return 0
+        return min(-(-self.n_ctx // self.n_swa), MAX_SEQ - self.n_seq_total)
 
     @property
     def n_seq_total(self) -> int:

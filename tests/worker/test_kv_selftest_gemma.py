@@ -97,3 +97,38 @@ def test_a_state_holding_exactly_the_window_is_restored_and_continued_exactly(ge
         assert not e.can_continue(1, n - 1)  # position n - 512 is gone
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("headroom", [True, False])
+def test_window_layers_have_room_for_a_prefix_that_idle_sequences_share(gemma_gguf, monkeypatch, headroom):
+    """Four conversations share a copied 1,200-token system prompt and then grow 500 tokens each,
+    one running sequence and three idle ones. The window cells of the shared prompt stay in the
+    window layers while all four hold them (llama.cpp reuses a window cell only when one sequence
+    holds it), so a window cache sized one window per sequence id overflows (a decode finds no KV
+    slot); with the headroom the engine asks for, every decode fits."""
+    if not headroom:
+        monkeypatch.setattr(engine_mod.LlamaEngine, "_swa_headroom", lambda self: 0)
+    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=1, n_seq_idle=3, idle_cells=6144, threads=2,
+                               extra_buffers=False)  # fmt: skip
+    try:
+        assert e.n_seq_total == 4
+        toks = [(13 * i) % 5000 + 300 for i in range(4000)]
+
+        def feed(seq: int, start: int, end: int, step: int) -> int:
+            for s in range(start, end, step):
+                part = toks[s : min(end, s + step)]
+                rc = e.decode(part, list(range(s, s + len(part))), [seq] * len(part), [False] * len(part))
+                if rc != 0:
+                    return rc
+            return 0
+
+        assert feed(0, 0, 1200, 256) == 0
+        for seq in (1, 2, 3):
+            e.seq_copy(0, seq, 1200)
+        statuses = [feed(seq, 1200, 1700, 64) for seq in range(4)]
+        if headroom:
+            assert statuses == [0, 0, 0, 0]
+        else:
+            assert 1 in statuses, "the window cache did not overflow: the test no longer shows the headroom is needed"
+    finally:
+        e.close()
