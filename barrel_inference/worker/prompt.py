@@ -18,6 +18,7 @@ from .grammar import GrammarLimits, GrammarRefused, check_gbnf, check_schema
 from .schema_gbnf import convert
 from .segments import Markers, align, tokenize_segments
 from .templates import ChatTemplate, TemplateError
+from .tokcache import TokenCache
 
 
 def _tail(message, spans: dict) -> str:
@@ -43,6 +44,8 @@ class PromptBuilder:
         self.grammar_limits = grammar_limits
         # a token covers at most this many characters: longer texts cannot fit in n_ctx tokens
         self.max_chars = n_ctx * max(1, int(getattr(engine, "max_token_chars", 64)))
+        # runs of text between control tokens, tokenised once (a conversation's history comes back every turn)
+        self.run_tokens = TokenCache(lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
 
     def render(self, messages, tools=None, add_generation_prompt: bool = True, extra: dict | None = None) -> str:
         try:
@@ -90,7 +93,7 @@ class PromptBuilder:
             wrapped.append(msgspec.structs.replace(m, content=content + tail, thinking=markers.wrap(m.thinking)))
         segments = align(markers.split(self.render(wrapped, tools, add_generation_prompt, extra)), template_plain)
         sentinels = {mark: -(k + 1) for k, mark in enumerate(spans)}
-        tokens = tokenize_segments(segments, {**special, **sentinels}, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+        tokens = tokenize_segments(segments, {**special, **sentinels}, self.run_tokens)
         if sentinels:
             by_id = {sentinels[mark]: span for mark, span in spans.items()}
             out: list[int] = []
