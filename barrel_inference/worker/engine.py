@@ -17,6 +17,7 @@ import numpy as np
 
 from ..hostinfo import cpu_count
 from ..protocol import Sampling, TokenLogprob
+from . import buildinfo, kvwindow
 from .grammar_stages import best_allowed
 from .kvselftest import state_selftest
 from .kvstore import model_fingerprint
@@ -60,71 +61,16 @@ _QUIET_LOG = _quiet_log
 
 
 def system_info() -> dict:
-    """What this llama.cpp build is and sees: version, ggml's feature string, devices."""
+    """What this llama.cpp build is and sees: version, ggml's feature string, devices (buildinfo.py
+    reads them through the bindings this module hands it)."""
     _backend_init()
-    text = L.llama_print_system_info().decode("utf-8", "replace").strip()
-    features: dict[str, str] = {}
-    for part in text.replace("|", "\n").splitlines():
-        key, sep, value = part.partition("=")
-        if sep:
-            features[key.strip().split(":")[-1].strip()] = value.strip()
-    return {
-        "llama_cpp_python": getattr(L, "__version__", None) or _package_version(),
-        "system_info": text,
-        "features": features,
-        "supports_gpu_offload": bool(L.llama_supports_gpu_offload()),
-        "supports_mmap": bool(L.llama_supports_mmap()),
-        "supports_mlock": bool(L.llama_supports_mlock()),
-        "max_devices": int(L.llama_max_devices()),
-        "devices": _devices(),
-    }
+    return buildinfo.describe(L, _ggml_lib)
 
 
-def _package_version() -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version("llama_cpp_python")
-
-
-_DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-
-
-def _ggml():
+def _ggml_lib():
     from llama_cpp import _ggml as G
 
-    lib = G.libggml
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-        getattr(lib, fn).restype = ctypes.c_char_p
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-    lib.ggml_backend_dev_memory.restype = None
-    return lib
-
-
-def _devices() -> list[dict]:
-    """ggml's backend devices (CPU, GPUs, accelerators) with their memory; [] where ggml hides them."""
-    try:
-        lib = _ggml()
-    except (ImportError, OSError, AttributeError):
-        return []
-    out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append({
-            "name": (lib.ggml_backend_dev_name(dev) or b"").decode("utf-8", "replace"),
-            "description": (lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
-            "type": _DEV_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
-            "memory_free": free.value,
-            "memory_total": total.value,
-        })  # fmt: skip
-    return out
+    return G.libggml
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
@@ -294,10 +240,7 @@ class LlamaEngine:
         # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact.
         # Sliding-window layers with swa_full keep every position, so a cached prefix can be cut or
         # copied at any length (without it, only within the last window of what the sequence holds).
-        # llama.cpp sizes the window layers' cache as one window per sequence id (plus a ubatch).
-        # A window cell that several sequences share (a copied system prompt: every cell its first
-        # prefill left there) is never reused while they all hold it, so with idle sequences the
-        # window layers get room for a shared prefix as long as one context, asked for as more ids
+        # the window layers' cache gets room for a prefix idle sequences share (kvwindow.swa_headroom)
         self.ctx = self._new_context(
             # unified: every running sequence can reach n_ctx; idle caches have room of their own
             n_ctx=self.n_ctx * self.n_seq_max + self.idle_cells,
@@ -406,10 +349,7 @@ class LlamaEngine:
         return pos_min <= self.window_start(n_past)
 
     def _swa_headroom(self) -> int:
-        """Sequence ids asked for only to widen the window layers' cache (see _create_context)."""
-        if self.n_swa <= 0 or self.swa_full or self.n_seq_idle <= 0:
-            return 0
-        return min(-(-self.n_ctx // self.n_swa), MAX_SEQ - self.n_seq_total)
+        return kvwindow.swa_headroom(self.n_ctx, self.n_swa, self.swa_full, self.n_seq_idle, MAX_SEQ - self.n_seq_total)
 
     @property
     def n_seq_total(self) -> int:
@@ -424,13 +364,8 @@ class LlamaEngine:
         return 0 <= pos_min <= self.window_start(n)
 
     def window_start(self, n_past: int) -> int:
-        """The oldest position the token at n_past attends to in every layer. llama.cpp masks a
-        window cell when n_past - pos >= n_swa and overwrites it from then on, so a sequence's
-        window layers keep exactly positions n_past - n_swa + 1 .. n_past - 1 (chunked windows
-        need less than that, so the test is conservative for them)."""
-        if self.n_swa <= 0 or self.swa_full:
-            return 0
-        return max(0, n_past - self.n_swa + 1)
+        """The oldest position the token at n_past attends to in every layer (kvwindow.py)."""
+        return kvwindow.window_start(n_past, self.n_swa, self.swa_full)
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""
