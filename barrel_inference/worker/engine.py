@@ -349,7 +349,8 @@ class LlamaEngine:
         return pos_min <= self.window_start(n_past)
 
     def _swa_headroom(self) -> int:
-        return kvwindow.swa_headroom(self.n_ctx, self.n_swa, self.swa_full, self.n_seq_idle, MAX_SEQ - self.n_seq_total)
+        return kvwindow.swa_headroom(self.n_ctx, self.n_swa, self.swa_full, self.n_seq_idle, MAX_SEQ - self.n_seq_total,
+                                     self.idle_cells)  # fmt: skip
 
     @property
     def n_seq_total(self) -> int:

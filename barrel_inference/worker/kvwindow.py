@@ -17,12 +17,15 @@ def window_start(n_past: int, n_swa: int, swa_full: bool) -> int:
     return max(0, n_past - n_swa + 1)
 
 
-def swa_headroom(n_ctx: int, n_swa: int, swa_full: bool, n_seq_idle: int, spare_ids: int) -> int:
+def swa_headroom(n_ctx: int, n_swa: int, swa_full: bool, n_seq_idle: int, spare_ids: int, idle_cells: int | None = None) -> int:
     """Sequence ids to ask for only to widen the window layers' cache. llama.cpp sizes it one
     window per sequence id (plus a ubatch), and reuses a window cell only when one sequence holds
     it: the cells of a prefix copied into idle sequences (a system prompt, all its first prefill
     left there) stay while they all hold it. With idle sequences: room for such a prefix as long
-    as one context (at most `spare_ids`, what the context's id limit leaves)."""
+    as one context, or as the idle caches may hold (`idle_cells`) if that is less; at most
+    `spare_ids` (what the context's id limit leaves). Each id costs a window's cells in every
+    window layer."""
     if n_swa <= 0 or swa_full or n_seq_idle <= 0:
         return 0
-    return max(0, min(-(-n_ctx // n_swa), spare_ids))
+    room = n_ctx if idle_cells is None else min(n_ctx, max(0, idle_cells))
+    return max(0, min(-(-room // n_swa), spare_ids))

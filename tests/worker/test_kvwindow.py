@@ -33,3 +33,8 @@ def test_window_start(n_past, n_swa, swa_full, want):
 )
 def test_swa_headroom(n_ctx, n_swa, swa_full, idle, spare, want):
     assert swa_headroom(n_ctx, n_swa, swa_full, idle, spare) == want
+
+
+def test_swa_headroom_is_no_more_than_the_idle_caches_may_hold():
+    assert swa_headroom(8192, 1024, False, 4, 200, idle_cells=4096) == 4  # not 8: idle caches hold 4,096 tokens
+    assert swa_headroom(4096, 512, False, 4, 200, idle_cells=32768) == 8  # one context, whatever they may hold
