@@ -13,7 +13,11 @@ The choice never destroys a cache that is worth something for a newcomer that ga
    tier before it is overwritten).
 Whatever the target, the longest committed prefix of ANY other sequence, busy or idle, is copied
 into it when that beats what the target holds itself (a shared system prompt is never prefilled
-twice).
+twice). A prefix counts only where the engine can continue it (`shareable`: a sliding-window cache
+keeps only the last window of a sequence's positions).
+
+There may be more sequences than run at once (`max_busy`): the others hold idle caches, so more
+conversations than running requests keep their cells between turns.
 
 Pins: a request may ask that its cache be kept for a while (Submit.pin_ttl_s, from Anthropic's
 cache_control). A pinned sequence is not dropped by retention (`over_retention`) before its pin
