@@ -3,7 +3,8 @@
 Runs on the scheduler thread. The pool (seqpool.py) decides which sequence a request gets and
 which other sequence holds the longest committed prefix; this module performs it on the engine:
 keep the target's own prefix, copy a prefix from another sequence (llama_memory_seq_cp, busy or
-not), or restore a saved state from the RAM / disk tiers (kvstore.py), whichever reuses most.
+not), or restore a saved state from the RAM / disk tiers (kvstore.py), whichever reuses most;
+if that one cannot be continued after all, the next longest is tried.
 A cache that a plan overwrites, and caches beyond `max_retained_tokens`, are saved to the tiers
 first. Saving and restoring are memcpys of one sequence's KV (bounded by n_ctx); disk reads and
 writes run on the store's I/O thread, and a request whose best prefix is on disk is parked until
