@@ -1,8 +1,9 @@
 """The llama.cpp engine: the only module that imports llama_cpp.
 
 A thin, batch-oriented wrapper over llama-cpp-python's low-level API: one model, one context
-holding n_seq_max running sequences (and n_seq_idle more that hold idle caches) in a unified KV cache, one reusable llama_batch, per-sequence
-sampler chains. The scheduler drives it; nothing here knows about requests or the link.
+holding n_seq_max running sequences (and n_seq_idle more that hold idle caches) in a unified KV
+cache, one reusable llama_batch, per-sequence sampler chains. The scheduler drives it; nothing
+here knows about requests or the link.
 """
 
 from __future__ import annotations
