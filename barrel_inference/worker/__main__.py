@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--idle-sequences", type=int, default=None,
                    help="sequence ids beyond --n-seq-max that only hold idle caches, with --max-retained-tokens "
                         "cells of their own (default: as many as --n-seq-max; 0: none)")
+    p.add_argument("--tail-grace-ms", type=float, default=30.0,
+                   help="how long a finished request's last token waits to join other work in the cache (0: "
+                        "decoded at once; the next turn of its conversation arriving meanwhile takes it instead)")
     p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
     p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
     p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
             log=_log, tools=tools, engine_info=info, insecure=args.insecure, content_special=args.content_special,
             max_retained_tokens=args.max_retained_tokens, kv_ram_bytes=args.kv_ram_bytes, kv_disk_bytes=args.kv_disk_bytes,
-            kv_dir=args.kv_dir,
+            kv_dir=args.kv_dir, tail_grace_ms=args.tail_grace_ms,
             curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
         )  # fmt: skip
     except CurveError as exc:

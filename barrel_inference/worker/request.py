@@ -24,7 +24,7 @@ class Request:
         "phase", "seq", "sampler", "n_past", "n_cached", "last_token", "generated", "row",
         "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
         "schema_receipt", "logprobs", "pending_logprobs",
-        "t_submit", "t_start", "t_first", "t_end", "cache_kind", "cache_miss", "parked", "parked_on", "pin_ttl_s",
+        "t_submit", "t_start", "t_first", "t_end", "t_tail", "cache_kind", "cache_miss", "parked", "parked_on", "pin_ttl_s",
     )  # fmt: skip
 
     def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
@@ -61,6 +61,7 @@ class Request:
         self.t_start = 0.0
         self.t_first = 0.0
         self.t_end = 0.0
+        self.t_tail = 0.0  # when it became a tail (its last token not yet in the cache)
         self.cache_kind = "cold"  # how the prompt's prefix was found: see worker/kvreuse.py
         self.cache_miss = ""  # why a known session reused less than its last turn committed
         self.parked = False  # has waited once for a saved state to load from disk

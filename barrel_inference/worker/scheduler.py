@@ -26,7 +26,7 @@ Emit = Callable[[bytes, Tick], None]
 
 class Scheduler:
     def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 256, log=None,
-                 reuse: KvReuse | None = None):  # fmt: skip
+                 reuse: KvReuse | None = None, tail_grace_s: float = 0.0):  # fmt: skip
         self.engine = engine
         self.emit = emit
         self.n_ctx = n_ctx  # per-sequence limit: prompt + generated tokens
@@ -47,6 +47,14 @@ class Scheduler:
         self.n_aborts = 0  # requests ended by an abort from a gateway (client gone, cancelled)
         self.n_decode_failures = 0
         self.waker: Callable[[], None] | None = None  # wakes the thread's I/O poll when another thread posts
+        # A finished request's last sampled token goes into its sequence's cache in a batch of its
+        # own (the next turn then reuses prompt + completion). With a grace, a lone tail waits that
+        # long for other work to ride along with; a next turn of the same conversation arriving
+        # meanwhile takes the token in its own first prompt batch instead (it is the first token of
+        # its prompt past the cache), so a client that sends its next turn at once does not wait
+        # for a decode of its own: that turn reuses one token less (the count says so).
+        self.tail_grace_s = max(0.0, tail_grace_s)
+        self.n_tails_folded = 0
 
     # ---- called from other threads ------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -92,15 +100,25 @@ class Scheduler:
         return len(self.waiting) + len(self.parked)
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(self, pump: Callable[[bool], None] | None = None) -> None:
+    def _tail_wait(self) -> float | None:
+        """Seconds until the first deferred tail is due, when deferred tails are all there is to do."""
+        if self.waiting or not self.active or any(r.phase is not Phase.TAIL for r in self.active):
+            return None
+        return max(0.0, min(r.t_tail for r in self.active) + self.tail_grace_s - time.perf_counter())
+
+    def run(self, pump: Callable[[bool | float], None] | None = None) -> None:
         """The loop. `pump(block)`, when given, is this thread's I/O: called before every tick, it
-        reads the link and posts what arrived (blocking a while when there is no work)."""
+        reads the link and posts what arrived (blocking a while when there is no work, or up to
+        `block` seconds when it is a number: a deferred tail is due then)."""
         while True:
+            wait = self._tail_wait() if self.tail_grace_s > 0 else None
             if pump is not None:
-                pump(not self._inbox and not self.active and not self.waiting)
+                pump(wait if wait is not None and not self._inbox else (not self._inbox and not self.active and not self.waiting))
             with self._cond:
                 while pump is None and not self._inbox and not self._stop and not self.active and not self.waiting:
                     self._cond.wait()
+                if pump is None and wait and not self._inbox and not self._stop:
+                    self._cond.wait(wait)
                 if self._stop:
                     break
                 items = list(self._inbox)
@@ -153,7 +171,11 @@ class Scheduler:
         while i < len(self.waiting):
             req = self.waiting[i]
             if tails and any(_continues(req, t) for t in tails):
-                return  # the previous turn's last token enters the cache this tick: admit after it
+                if self.tail_grace_s <= 0:
+                    return  # the previous turn's last token enters the cache this tick: admit after it
+                for t in [t for t in tails if _continues(req, t)]:  # its prompt takes the token (see __init__)
+                    self._fold_tail(t)
+                    tails.remove(t)
             if live is None:  # what busy sequences have committed: their prefixes can be copied
                 live = {r.seq: (r.prompt, min(r.n_past, len(r.prompt))) for r in self.active if r.seq >= 0}
             try:
@@ -184,6 +206,13 @@ class Scheduler:
             req.t_start = time.perf_counter()
             out.setdefault(req.peer, Tick()).accepted.append(req.accepted(self.n_ctx))
 
+    def _fold_tail(self, t: Request) -> None:
+        """Release a tail's sequence without its last token, which the next turn's prompt holds."""
+        self.reuse.release(t, (t.prompt + t.history)[: t.n_past])
+        t.seq = -1
+        t.phase = Phase.DONE
+        self.n_tails_folded += 1
+
     def _tick(self, out) -> None:
         prof = self.profile
         t0 = time.perf_counter()
@@ -191,6 +220,11 @@ class Scheduler:
         pos: list[int] = []
         seqs: list[int] = []
         logits: list[bool] = []
+        self.active = [r for r in self.active if r.phase is not Phase.DONE]  # folded tails
+        if self.tail_grace_s > 0 and not self.waiting and all(r.phase is Phase.TAIL for r in self.active):
+            now = time.perf_counter()
+            if all(now - r.t_tail < self.tail_grace_s for r in self.active):
+                return  # lone tails wait for their grace (or for work to ride along with)
         for r in self.active:
             r.row = -1
             if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
@@ -311,6 +345,7 @@ class Scheduler:
             r.sampler = None
         if tail:
             r.phase = Phase.TAIL
+            r.t_tail = time.perf_counter()
         elif r.seq >= 0:
             keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None
             self.reuse.release(r, keep)
@@ -379,11 +414,13 @@ class Scheduler:
             "waiting": self.n_waiting,
             "n_seq_max": self.pool.max_busy,
             "n_seq_idle": len(self.pool) - self.pool.max_busy,  # sequence ids that only hold idle caches
-            "seqs_busy": self.pool.n_busy,
+            # a tail's request is answered: its sequence only waits to take the last token in
+            "seqs_busy": self.pool.n_busy - sum(1 for r in self.active if r.phase is Phase.TAIL),
             # KV cells in use: the running requests' committed tokens plus what idle sequences retain
             "kv_cells_used": sum(r.n_past for r in self.active) + self.pool.retained(),
             "requests_total": self.n_requests,
             "aborts_total": self.n_aborts,
+            "tails_folded": self.n_tails_folded,  # last tokens a next turn took into its own prompt batch
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,

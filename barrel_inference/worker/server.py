@@ -52,6 +52,7 @@ class WorkerServer:
                  curve: tuple[str, str] | None = None, insecure: bool = False,
                  content_special: bool = False, prep_threads: int = 2,
                  max_retained_tokens: int | None = None, kv_ram_bytes: int = 0, kv_disk_bytes: int = 0,
+                 tail_grace_ms: float = 0.0,
                  kv_dir: str | None = None):  # fmt: skip
         if bind.startswith("tcp://") and curve is None and not insecure:
             raise ValueError(
@@ -100,7 +101,8 @@ class WorkerServer:
         reuse = KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, store=self.store,
                         max_retained_tokens=max_retained_tokens, exact_up_to=exact_up_to, template_id=template_id,
                         log=self.log)  # fmt: skip
-        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse)
+        self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse,
+                                   tail_grace_s=tail_grace_ms / 1000.0)  # fmt: skip
         if self.store is not None:
             self.store.on_loaded = self.scheduler.entry_loaded
         self._stop = threading.Event()
@@ -117,9 +119,11 @@ class WorkerServer:
         except zmq.Again:  # the peer's queue is full (gateway gone or stuck): its requests time out there
             self.log("send_dropped", peer=peer.hex())
 
-    def _pump(self, block: bool) -> None:
+    def _pump(self, block: bool | float) -> None:
+        """block: True waits up to IDLE_POLL_MS for input, a number up to that many seconds."""
         router, replies = self._router, self._replies
-        if block and not self._outbox and not self._poller.poll(IDLE_POLL_MS):
+        timeout = IDLE_POLL_MS if block is True else int(block * 1000)
+        if block and timeout > 0 and not self._outbox and not self._poller.poll(timeout):
             self._check_parent()
             return
         self._drain_wake()
