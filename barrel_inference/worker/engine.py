@@ -359,11 +359,8 @@ class LlamaEngine:
 
     def can_share(self, seq: int, n: int) -> bool:
         """Could seq's first n positions be continued at n, kept in place or copied to another
-        sequence (the copy shares the cells, so it holds what seq holds)?"""
-        if n <= 0:
-            return True
-        pos_min = self.seq_pos_min(seq)
-        return 0 <= pos_min <= self.window_start(n)
+        sequence? The same test as can_continue: a copy shares the cells, so it holds what seq holds."""
+        return self.can_continue(seq, n)
 
     def window_start(self, n_past: int) -> int:
         """The oldest position the token at n_past attends to in every layer (kvwindow.py)."""

@@ -211,6 +211,7 @@ class Scheduler:
         self.reuse.release(t, (t.prompt + t.history)[: t.n_past])
         t.seq = -1
         t.phase = Phase.DONE
+        self.active.remove(t)
         self.n_tails_folded += 1
 
     def _tick(self, out) -> None:
@@ -220,11 +221,8 @@ class Scheduler:
         pos: list[int] = []
         seqs: list[int] = []
         logits: list[bool] = []
-        self.active = [r for r in self.active if r.phase is not Phase.DONE]  # folded tails
-        if self.tail_grace_s > 0 and not self.waiting and all(r.phase is Phase.TAIL for r in self.active):
-            now = time.perf_counter()
-            if all(now - r.t_tail < self.tail_grace_s for r in self.active):
-                return  # lone tails wait for their grace (or for work to ride along with)
+        if self.tail_grace_s > 0 and (self._tail_wait() or 0.0) > 0:
+            return  # lone tails wait for their grace (or for work to ride along with)
         for r in self.active:
             r.row = -1
             if r.phase is Phase.DECODE or r.phase is Phase.TAIL:
