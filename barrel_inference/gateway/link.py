@@ -70,6 +70,7 @@ class WorkerLink:
         self._ctx = ctx or zmq.asyncio.Context.instance()
         self._codec = GatewayCodec()
         self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None  # the connection monitor's PAIR (watch_connection)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._calls: dict[str, tuple[type, asyncio.Future[Reply]]] = {}
@@ -140,8 +141,8 @@ class WorkerLink:
         if self._hb_interval and self._hb_timeout:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"link-hb-{self.name}"))
         if self._watch_connection:
-            monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            self._tasks.append(asyncio.create_task(self._monitor_loop(monitor), name=f"link-monitor-{self.name}"))
+            self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._tasks.append(asyncio.create_task(self._monitor_loop(self._monitor), name=f"link-monitor-{self.name}"))
         return hello
 
     async def close(self, reason: str = "the link to the worker was closed") -> None:
@@ -160,6 +161,11 @@ class WorkerLink:
                 except (asyncio.CancelledError, Exception):
                     pass
         if self._sock is not None:
+            if self._monitor is not None:
+                # the context's I/O thread writes monitor events with a blocking send: stop the monitor
+                # before its socket goes, or its next event would freeze that thread for every link
+                self._sock.disable_monitor()
+                self._monitor.close(linger=0)
             self._sock.close(linger=0)
 
     def lose(self, reason: str) -> None:
@@ -275,15 +281,15 @@ class WorkerLink:
                 self._warn("failed to handle a message from the worker", error=repr(exc))
 
     async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
-        """A remote worker whose connection drops (it exited, or restarted) loses what was in flight."""
-        try:
-            while True:
-                event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    self.lose(f"the connection to the worker for {self.name} at {self.endpoint} was lost")
-                    return
-        finally:
-            monitor.close(linger=0)
+        """A remote worker whose connection drops (it exited, or restarted) loses what was in flight.
+
+        It reads every event until the link closes (close() stops the monitor, then closes its socket):
+        the socket reconnects by itself and may report again, and an event nobody reads blocks the
+        context's I/O thread."""
+        while True:
+            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.lose(f"the connection to the worker for {self.name} at {self.endpoint} was lost")
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Tick):

@@ -234,3 +234,41 @@ async def test_a_call_given_up_on_is_aborted_in_the_worker(link, fake_worker):
     assert "emb-2" in fake_worker.aborts
     done = await link.call(Embed(id="emb-3", inputs=["fine"]))
     assert done.error is None and len(done.embeddings) == 1
+
+
+async def test_a_lost_link_left_open_does_not_block_the_context():
+    """The connection monitor's events travel over a PAIR socket that the context's I/O thread writes
+    with a blocking send: a monitor socket closed while the link's socket still reports (the worker came
+    back and dropped again before the owner closed the link) froze that I/O thread and with it every
+    link of the gateway. The link keeps reading its monitor until it closes, and stops the monitor
+    before it closes the monitor's socket."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    worker = FakeWorker()
+    await worker.start()
+    lost = []
+    link = WorkerLink(worker.endpoint, name="flap", ctx=ctx, watch_connection=True, on_lost=lambda _l, r: lost.append(r))
+    other = FakeWorker()
+    try:
+        await link.connect(timeout=5)
+        for _ in range(3):  # the socket reconnects by itself each time the worker comes back
+            await worker.kill()
+            await asyncio.sleep(0.3)
+            await worker.restart()
+            await asyncio.sleep(0.5)
+        assert len(lost) == 1
+        await other.start()
+        second = WorkerLink(other.endpoint, name="second", ctx=ctx)
+        try:
+            hello = await second.connect(timeout=3)  # the shared I/O thread still serves other links
+            assert hello.protocol_version == PROTOCOL_VERSION
+        finally:
+            await second.close()
+        await link.close()
+    finally:
+        await link.close()
+        await worker.stop()
+        await other.stop()
+        ctx.destroy(linger=0)
