@@ -130,9 +130,10 @@ class SeqPool:
                 empty = [s for s in free if not s.tokens]
                 target = min(empty or free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
                 kind = "prefix"
-        keep = self._usable(target, prompt, None, shareable)
+        common = common_prefix(target.tokens, prompt)  # target is free: all it holds is committed
+        keep = self._usable(target, prompt, None, shareable, common)
         evict = None
-        if target.tokens and (keep == 0 or common_prefix(target.tokens, prompt) < len(target.tokens)) and kind != "sticky":
+        if target.tokens and (keep == 0 or common < len(target.tokens)) and kind != "sticky":
             evict = Evicted(target.seq, list(target.tokens), target.session, target.pin_until)
             target.pin_until = 0.0  # the pin goes with the cache (to a tier), not with the sequence
         src, src_n = -1, 0
@@ -142,8 +143,8 @@ class SeqPool:
             n = self._usable(s, prompt, live, shareable)
             if n > src_n:
                 src, src_n = s.seq, n
-        plan = Plan(target.seq, kind if keep > 0 else "cold", keep)
-        plan.keep_kind = plan.kind
+        kept_kind = kind if keep > 0 else "cold"
+        plan = Plan(target.seq, kept_kind, keep, keep_kind=kept_kind)
         if src_n > keep:
             plan.copy_from, plan.copy_n, plan.kind = src, src_n, "copy"
         plan.evict = evict
@@ -228,8 +229,12 @@ class SeqPool:
             s.busy = False
             s.pin_until = 0.0
 
-    def _usable(self, slot: Slot, prompt: list[int], live: Live | None, shareable: Shareable | None) -> int:
-        n = min(self._committed_common(slot, prompt, live), max(0, len(prompt) - 1))
+    def _usable(self, slot: Slot, prompt: list[int], live: Live | None, shareable: Shareable | None,
+                common: int | None = None) -> int:  # fmt: skip
+        """common: the slot's committed common prefix with prompt, when the caller has it already."""
+        if common is None:
+            common = self._committed_common(slot, prompt, live)
+        n = min(common, max(0, len(prompt) - 1))
         if n > 0 and shareable is not None and not shareable(slot.seq, n):
             return 0
         return n
