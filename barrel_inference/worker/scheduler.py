@@ -419,6 +419,7 @@ class Scheduler:
             "requests_total": self.n_requests,
             "aborts_total": self.n_aborts,
             "tails_folded": self.n_tails_folded,  # last tokens a next turn took into its own prompt batch
+            "tails_pending": sum(1 for r in self.active if r.phase is Phase.TAIL),  # answered, last token not in yet
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,

@@ -124,25 +124,27 @@ def _two_turns(grace_s: float, pause_s: float):
         first = "alpha asks a question"
         s.submit(make_request(eng, "t1", first, max_tokens=4, session="A"))
         c.wait(["t1"])
+        pending = s.stats()["tails_pending"]  # t1 is answered; its last token may still wait
         time.sleep(pause_s)
         second = first + c.text("t1") + " and then another"
         s.submit(make_request(eng, "t2", second, max_tokens=4, session="A"))
         c.wait(["t2"])
         done = c.done()
-    return s, done, len(first)
+    return s, done, len(first), pending
 
 
 def test_a_next_turn_arriving_within_the_grace_takes_the_last_token_into_its_own_batch():
     """With a grace, the finished turn's last token waits; the next turn of the conversation arrives
     meanwhile and prefills that token itself (first in its prompt past the cache): it never waits
     for a decode of its own, and it reports one token less cached, truthfully."""
-    s, done, n_first = _two_turns(grace_s=5.0, pause_s=0.0)
+    s, done, n_first, pending = _two_turns(grace_s=5.0, pause_s=0.0)
+    assert pending == 1 and s.stats()["tails_pending"] == 0  # /api/stats shows the waiting token
     assert s.n_tails_folded == 1
     assert done["t2"].usage.cached_tokens == n_first + 4 - 1
     assert done["t2"].finish_reason is done["t1"].finish_reason
 
 
 def test_without_a_next_turn_the_last_token_enters_the_cache_after_the_grace():
-    s, done, n_first = _two_turns(grace_s=0.05, pause_s=0.5)
+    s, done, n_first, _ = _two_turns(grace_s=0.05, pause_s=0.5)
     assert s.n_tails_folded == 0
     assert done["t2"].usage.cached_tokens == n_first + 4  # prompt and every generated token
