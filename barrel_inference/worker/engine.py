@@ -232,11 +232,11 @@ class LlamaEngine:
         return L.llama_init_from_model(self.model, cp)
 
     def _create_context(self) -> None:
-        # one unified KV cache: prefix copies, idle sequences and window headroom share its cells,
-        # and the daemon decoded faster with it than with one stream per sequence (Gemma 3 270M, 2
-        # cores: 46 vs 80 ms per tick at 8 streams). The price: every row attends over the cells of
-        # all sequences in it (BENCHMARKS.md: a 2,000-token prompt beside 4 streams and 3 retained
-        # sequences 3.7-4.0 s against 3.4 s with a stream per sequence).
+        # one unified KV cache: prefix copies, idle sequences and window headroom share its cells
+        # (the daemon once decoded faster with it than with a stream per sequence, 46 vs 80 ms per
+        # tick at 8 streams; the engine alone no longer shows that, BENCHMARKS.md). The price: every
+        # row attends over the cells of all sequences in it (a 2,000-token prompt beside 4 streams
+        # and 3 retained sequences: 3.7-4.0 s against 3.4 s with a stream per sequence).
         # llama.cpp's flash attention skips cells other sequences hold, but its reductions depend
         # on where a sequence's cells lie: a state restored into other cells then gives other
         # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact.
