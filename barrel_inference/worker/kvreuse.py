@@ -159,11 +159,10 @@ class KvReuse:
     def drop_idle(self) -> bool:
         """The KV cache is full: the least recently used idle cache (unpinned first) goes to the
         tiers (or away). False when there is none."""
-        idle = [s for s in self.pool.slots if not s.busy and s.tokens]
-        if not idle:
+        slot = self.pool.oldest_idle()
+        if slot is None:
             return False
-        slot = min(idle, key=lambda s: (self.pool.pinned(s), s.last_used))
-        self.log("kv_full_idle_dropped", seq=slot.seq, tokens=len(slot.tokens), idle=len(idle))
+        self.log("kv_full_idle_dropped", seq=slot.seq, tokens=len(slot.tokens), idle=len(self.pool.idle_slots()))
         self._drop(slot)
         return True
 
@@ -182,9 +181,8 @@ class KvReuse:
         """At shutdown: idle sequences' caches go to the tiers, the RAM tier to disk."""
         if self.store is None:
             return
-        for slot in self.pool.slots:
-            if not slot.busy and slot.tokens:
-                self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until), count=False)
+        for slot in self.pool.idle_slots():
+            self._save(Evicted(slot.seq, slot.tokens, slot.session, slot.pin_until), count=False)
         self.store.persist()
 
     def reset(self) -> None:

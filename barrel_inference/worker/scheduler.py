@@ -407,19 +407,20 @@ class Scheduler:
             self.log("kv_persist_failed", error=repr(exc))
 
     def stats(self) -> dict:
+        tails = sum(1 for r in self.active if r.phase is Phase.TAIL)  # answered, last token not in the cache yet
         return {
             "running": self.n_running,
             "waiting": self.n_waiting,
             "n_seq_max": self.pool.max_busy,
             "n_seq_idle": len(self.pool) - self.pool.max_busy,  # sequence ids that only hold idle caches
             # a tail's request is answered: its sequence only waits to take the last token in
-            "seqs_busy": self.pool.n_busy - sum(1 for r in self.active if r.phase is Phase.TAIL),
+            "seqs_busy": self.pool.n_busy - tails,
             # KV cells in use: the running requests' committed tokens plus what idle sequences retain
             "kv_cells_used": sum(r.n_past for r in self.active) + self.pool.retained(),
             "requests_total": self.n_requests,
             "aborts_total": self.n_aborts,
             "tails_folded": self.n_tails_folded,  # last tokens a next turn took into its own prompt batch
-            "tails_pending": sum(1 for r in self.active if r.phase is Phase.TAIL),  # answered, last token not in yet
+            "tails_pending": tails,
             "decode_failures": self.n_decode_failures,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,

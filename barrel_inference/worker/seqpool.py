@@ -195,7 +195,7 @@ class SeqPool:
         conversation keeps its own cache whatever its length); so are pinned caches until their
         pin runs out (they count towards `limit`, so unpinned ones go first) and those released
         in the current round."""
-        idle = sorted((s for s in self.slots if not s.busy and s.tokens), key=lambda s: s.last_used)
+        idle = sorted(self.idle_slots(), key=lambda s: s.last_used)
         total = sum(len(s.tokens) for s in idle)
         out = []
         for s in idle[:-1]:
@@ -206,6 +206,15 @@ class SeqPool:
             out.append(s)
             total -= len(s.tokens)
         return out
+
+    def idle_slots(self) -> list[Slot]:
+        """The sequences that hold an idle cache."""
+        return [s for s in self.slots if not s.busy and s.tokens]
+
+    def oldest_idle(self) -> Slot | None:
+        """The idle cache to give up first when the KV cache is full: unpinned before pinned, then
+        least recently used; None when no sequence holds one."""
+        return min(self.idle_slots(), key=lambda s: (self.pinned(s), s.last_used), default=None)
 
     def retained(self) -> int:
         return sum(len(s.tokens) for s in self.slots if not s.busy)
