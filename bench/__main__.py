@@ -293,13 +293,13 @@ async def run(args) -> dict:
     model_name, model_path = prepare_model(args.model, cache)
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx,
                           parallel=max(max(args.concurrency), 5), prefill_chunk=args.prefill_chunk,
-                          n_batch=args.n_batch, n_gpu_layers=args.n_gpu_layers)  # fmt: skip
+                          n_batch=args.n_batch, n_gpu_layers=args.n_gpu_layers, kv_unified=systems.truth(args.kv_unified))  # fmt: skip
     results: dict = {
         "meta": {
             "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(), "cpu": hostinfo.cpu_model(),
             "cores": os.cpu_count(), "model": str(model_path), "model_name": model_name, "threads": args.threads,
             "ctx_per_seq": args.ctx, "parallel": shape.parallel, "max_tokens": args.max_tokens, "rounds": args.rounds, "repeat": args.repeat,
-            "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "n_batch": args.n_batch, "git": git_rev(),
+            "temperature": args.temperature, "prefill_chunk": args.prefill_chunk, "n_batch": args.n_batch, "kv_unified": args.kv_unified, "git": git_rev(),
             "n_gpu_layers": args.n_gpu_layers, "suppress": list(args.suppress),
             "command": "python -m bench " + " ".join(sys.argv[1:]), "loadavg_start": loadavg(), "logs": str(work),
         },
@@ -375,6 +375,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--ctx", type=int, default=4096, help="context per sequence")
     r.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick")
     r.add_argument("--n-batch", type=int, default=512, help="llama.cpp n_batch = n_ubatch, for every system")
+    r.add_argument("--kv-unified", choices=("true", "false"), default=None,
+                   help="one KV buffer for all sequences (true) or one per sequence (false), for every system; default: each one\'s own")
     r.add_argument("--long-tokens", type=int, default=2000, help="long-prompt size (0 skips the case)")
     r.add_argument("--turns", type=int, default=None, help="conversation turns (default 10, --quick 4; 0 skips)")
     r.add_argument("--no-engine", dest="engine", action="store_false", help="skip the in-process engine figures")

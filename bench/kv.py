@@ -193,12 +193,12 @@ async def run(args) -> dict:
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
                           flash_attn=args.flash_attn, prefill_chunk=args.prefill_chunk,
                           max_retained_tokens=args.max_retained_tokens, swa_full=args.swa_full,
-                          idle_sequences=args.idle_sequences)
+                          idle_sequences=args.idle_sequences, kv_unified=systems.truth(args.kv_unified))
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
                         "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
                         "max_retained_tokens": args.max_retained_tokens, "swa_full": args.swa_full,
-                        "idle_sequences": args.idle_sequences,
+                        "idle_sequences": args.idle_sequences, "kv_unified": args.kv_unified,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -250,6 +250,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--idle-sequences", type=int, default=None,
                    help="ours: sequence ids beyond --parallel that hold idle caches (default: the daemon's, = --parallel)")
     p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every position, in every system")
+    p.add_argument("--kv-unified", choices=("true", "false"), default=None,
+                   help="one KV buffer for all sequences (true) or one per sequence (false), in every system; default: each one\'s own")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
     p.add_argument("--start-timeout", type=float, default=300.0)

@@ -32,6 +32,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def truth(value: str | None) -> bool | None:
+    """A "true" / "false" option; None stays None (each system's default)."""
+    return None if value is None else value == "true"
+
+
 @dataclass
 class Shape:
     """What every system gets: the same model, threads, per-sequence context and parallelism."""
@@ -47,6 +52,9 @@ class Shape:
     max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)
     swa_full: bool = False  # sliding-window models keep every position (ours: swa_full; llama-server: --swa-full)
     idle_sequences: int | None = None  # ours only: sequence ids that hold idle caches (None: the daemon's default)
+    # one KV buffer for all sequences or one per sequence (ours: kv_unified; llama-server: --kv-unified);
+    # None: each system's default (ours unified, llama-server one per sequence)
+    kv_unified: bool | None = None
 
 
 @dataclass
@@ -153,6 +161,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             *([f"max_retained_tokens = {shape.max_retained_tokens}"] if shape.max_retained_tokens is not None else []),
             *(["swa_full = true"] if shape.swa_full else []),
             *([f"idle_sequences = {shape.idle_sequences}"] if shape.idle_sequences is not None else []),
+            *([f"kv_unified = {str(shape.kv_unified).lower()}"] if shape.kv_unified is not None else []),
             "",
         ])
     )  # fmt: skip
@@ -177,6 +186,7 @@ def llama_server(shape: Shape, binary: Path, work: Path) -> Server:
         "-c", str(shape.ctx_per_seq * shape.parallel), "--parallel", str(shape.parallel), "--cont-batching",
         "-b", str(shape.n_batch), "-ub", str(shape.n_batch), "--flash-attn", shape.flash_attn,
         *(["--swa-full"] if shape.swa_full else []),
+        *(["--kv-unified"] if shape.kv_unified else ["--no-kv-unified"] if shape.kv_unified is False else []),
         # built-in gemma template (with jinja on, --chat-template would be read as Jinja text)
         "--no-jinja", "--chat-template", "gemma", "--no-webui", "--alias", "bench",
         # on CPUs with AMX llama.cpp's repacked (AMX) weight layouts crash it: the same choice as our

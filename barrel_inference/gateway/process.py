@@ -53,6 +53,7 @@ _FLAGS = {
     "extra_buffers": "--extra-buffers",
     "flash_attn": "--flash-attn",
     "swa_full": "--swa-full",
+    "kv_unified": "--kv-unified",
 }
 
 

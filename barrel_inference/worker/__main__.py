@@ -61,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="llama.cpp's flash attention (off: KV states restore exactly on sliding-window models)")
     p.add_argument("--swa-full", type=_truth, default=False, metavar="true|false",
                    help="sliding-window layers keep every position (prefixes can be cut or copied at any length)")
+    p.add_argument("--kv-unified", type=_truth, default=True, metavar="true|false",
+                   help="one KV buffer for all sequences (false: a buffer of n_ctx cells per sequence id)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up decode before ready")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
@@ -119,7 +121,7 @@ def build_engine(args, extra_buffers: bool):
         args.model_path, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_batch=args.n_batch,
         n_ubatch=args.n_ubatch, threads=args.threads, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
         use_mmap=args.use_mmap, use_mlock=args.use_mlock, extra_buffers=extra_buffers,
-        flash_attn=args.flash_attn, swa_full=args.swa_full, **idle_room(args),
+        flash_attn=args.flash_attn, swa_full=args.swa_full, kv_unified=args.kv_unified, **idle_room(args),
     )  # fmt: skip
 
 

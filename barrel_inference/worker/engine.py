@@ -1,9 +1,9 @@
 """The llama.cpp engine: the only module that imports llama_cpp.
 
 A thin, batch-oriented wrapper over llama-cpp-python's low-level API: one model, one context
-holding n_seq_max running sequences (and n_seq_idle more that hold idle caches) in a unified KV
-cache, one reusable llama_batch, per-sequence sampler chains. The scheduler drives it; nothing
-here knows about requests or the link.
+holding n_seq_max running sequences (and n_seq_idle more that hold idle caches) in one unified KV
+buffer (or each in a buffer of its own, kv_unified=False), one reusable llama_batch,
+per-sequence sampler chains. The scheduler drives it; nothing here knows about requests or the link.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .grammar_stages import best_allowed
 from .kvselftest import state_selftest
 from .kvstore import model_fingerprint
 from .logprobs import log_probability
+from .embedder import Embedder
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -114,10 +115,11 @@ class Sampler:
 class LlamaEngine:
     """Model + context + batch. Not thread-safe except tokenize/detokenize (vocab is read-only).
 
-    n_ctx is the limit of one sequence (prompt + output); the unified KV cache holds
-    n_ctx * n_seq_max cells so that no sequence is ever short of room because others run.
-    n_seq_idle more sequence ids hold idle caches (conversations between turns) with idle_cells
-    more cells for them: at most n_seq_max sequences run at once, n_seq_total exist.
+    n_ctx is the limit of one sequence (prompt + output). At most n_seq_max sequences run at once;
+    n_seq_idle more sequence ids hold idle caches (conversations between turns): n_seq_total exist.
+    kv_unified (the default): one KV buffer of n_ctx * n_seq_max cells (so that no running
+    sequence is ever short of room because others run) plus idle_cells for the idle caches;
+    otherwise a buffer of n_ctx cells per sequence id.
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class LlamaEngine:
         swa_full: bool = False,
         n_seq_idle: int = 0,
         idle_cells: int = 0,
+        kv_unified: bool = True,
     ):
         _backend_init()
         mp = L.llama_model_default_params()
@@ -171,7 +174,12 @@ class LlamaEngine:
         self.n_ctx = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
         self.n_seq_max = n_seq_max
         self.n_seq_idle = max(0, min(int(n_seq_idle), MAX_SEQ - n_seq_max))
-        self.idle_cells = max(0, int(idle_cells)) if self.n_seq_idle else 0
+        self.kv_unified = bool(kv_unified)
+        self.idle_cells = max(0, int(idle_cells)) if self.n_seq_idle and self.kv_unified else 0
+        # a copy between KV buffers is queued by llama.cpp and done at the next decode: until then
+        # no state is saved from the buffers it writes, nor restored into those it reads or writes
+        self._copy_into: set[int] = set()
+        self._copy_from: set[int] = set()
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
         self.threads = threads or cpu_count()  # the cores this process may run on (a replica pinned to a core set)
@@ -201,8 +209,7 @@ class LlamaEngine:
         # no token covers more characters than its vocabulary text has bytes (a bound for prompt checks)
         self.max_token_chars = longest
         self.ctx = None
-        self._embed_ctx = None
-        self._embed_batch = None
+        self._embedder = Embedder(L, self)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._create_context()
 
@@ -232,26 +239,27 @@ class LlamaEngine:
         return L.llama_init_from_model(self.model, cp)
 
     def _create_context(self) -> None:
-        # one unified KV cache: prefix copies, idle sequences and window headroom share its cells
-        # (the daemon once decoded faster with it than with a stream per sequence, 46 vs 80 ms per
-        # tick at 8 streams; the engine alone no longer shows that, BENCHMARKS.md). The price: every
-        # row attends over the cells of all sequences in it (a 2,000-token prompt beside 4 streams
-        # and 3 retained sequences: 3.7-4.0 s against 3.4 s with a stream per sequence).
-        # llama.cpp's flash attention skips cells other sequences hold, but its reductions depend
-        # on where a sequence's cells lie: a state restored into other cells then gives other
-        # logits (measured on Gemma 3 beyond its window); without it a restore is bit-exact.
+        # unified: prefix copies share cells, idle caches get idle_cells, and the window layers get
+        # headroom for a prefix idle sequences share (kvwindow.swa_headroom); but every row attends
+        # over all sequences' cells. A buffer per sequence: n_ctx cells per id, whole-buffer copies,
+        # a decode pass per run of consecutive running ids (README, "KV layout"; BENCHMARKS.md).
+        # llama.cpp's flash attention reductions depend on where a sequence's cells lie: a restored
+        # state can give other logits (Gemma 3 beyond its window); without it a restore is bit-exact.
         # Sliding-window layers with swa_full keep every position, so a cached prefix can be cut or
         # copied at any length (without it, only within the last window of what the sequence holds).
-        # the window layers' cache gets room for a prefix idle sequences share (kvwindow.swa_headroom)
+        if self.kv_unified:
+            cells, ids = self.n_ctx * self.n_seq_max + self.idle_cells, self.n_seq_total + self._swa_headroom()
+        else:
+            cells, ids = self.n_ctx * self.n_seq_total, self.n_seq_total
         self.ctx = self._new_context(
-            # unified: every running sequence can reach n_ctx; idle caches have room of their own
-            n_ctx=self.n_ctx * self.n_seq_max + self.idle_cells,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_total + self._swa_headroom(), kv_unified=True,
+            n_ctx=cells, n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_seq_max=ids, kv_unified=self.kv_unified,
             flash_attn_type=FLASH_ATTN[self.flash_attn], swa_full=self.swa_full,
         )  # fmt: skip
         if not self.ctx:
             raise EngineError("internal", "llama.cpp could not create a context (out of memory?)")
         self.mem = L.llama_get_memory(self.ctx)
+        self._copy_into.clear()
+        self._copy_from.clear()
 
     def recreate_context(self) -> None:
         """After a failed decode: a fresh context, every sequence empty."""
@@ -261,10 +269,7 @@ class LlamaEngine:
         self._create_context()
 
     def close(self) -> None:
-        if self._embed_ctx:
-            L.llama_batch_free(self._embed_batch)
-            L.llama_free(self._embed_ctx)
-            self._embed_ctx = None
+        self._embedder.close()
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
@@ -321,7 +326,11 @@ class LlamaEngine:
             sid[i][0] = seqs[i]
             lg[i] = logits[i]
         b.n_tokens = n
-        return L.llama_decode(self.ctx, b)
+        status = L.llama_decode(self.ctx, b)
+        if status != -1:  # llama.cpp performs queued buffer copies once it has checked the batch
+            self._copy_into.clear()
+            self._copy_from.clear()
+        return status
 
     # ---- KV memory ----------------------------------------------------------------------
     def seq_clear(self, seq: int) -> None:
@@ -368,12 +377,23 @@ class LlamaEngine:
         return kvwindow.window_start(n_past, self.n_swa, self.swa_full)
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
-        """Share src's cells of positions [0, n) with dst (no recompute; a unified cache shares cells)."""
-        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+        """Give dst src's cells of positions [0, n) (no recompute). A unified cache shares the cells;
+        between KV buffers llama.cpp copies the whole buffer (only that: a range is not supported),
+        at the next decode, and dst then drops what lies beyond n."""
+        if self.kv_unified:
+            L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+            return
+        L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        L.llama_memory_seq_rm(self.mem, dst, n, -1)
+        self._copy_from.add(src)
+        self._copy_into.add(dst)
 
     # ---- saved sequence state -----------------------------------------------------------
     def state_seq_save(self, seq: int) -> bytearray:
-        """The sequence's KV state as bytes (a copy; the caller owns it)."""
+        """The sequence's KV state as bytes (a copy; the caller owns it). Empty while a copy into
+        it is still queued (its cells do not hold their data yet)."""
+        if seq in self._copy_into:
+            return b""
         size = L.llama_state_seq_get_size(self.ctx, seq)
         if size <= 0:
             return b""
@@ -383,9 +403,10 @@ class LlamaEngine:
         return out
 
     def state_seq_load(self, seq: int, data: bytes) -> bool:
-        """Restore a saved state into seq (cleared first); False when llama.cpp refused it."""
+        """Restore a saved state into seq (cleared first); False when llama.cpp refused it, or while a
+        queued copy reads or writes seq's buffer (it would land on, or carry off, the restored data)."""
         self.seq_clear(seq)
-        if not data:
+        if not data or seq in self._copy_into or seq in self._copy_from:
             return False
         if isinstance(data, bytearray):  # no copy either way: llama.cpp only reads it
             buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
@@ -402,7 +423,7 @@ class LlamaEngine:
         change the KV contents or the numerics of the computation that made them."""
         return {
             "model": model_fingerprint(self.model_path), "llama_cpp": getattr(L, "__version__", "?"), "n_ctx": self.n_ctx,
-            "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": True, "n_swa": self.n_swa,
+            "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_unified": self.kv_unified, "n_swa": self.n_swa,
             "flash_attn": self.flash_attn, "swa_full": self.swa_full,
         }  # fmt: skip
 
@@ -416,35 +437,8 @@ class LlamaEngine:
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised embeddings of texts or token-id lists, from a second context made
-        on first use (the worker calls this from its embedding thread, never the scheduler's)."""
-        if self._embed_ctx is None:
-            self._embed_ctx = self._new_context(n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_seq_max=1,
-                                                embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN)  # fmt: skip
-            if not self._embed_ctx:
-                raise EngineError("internal", "llama.cpp could not create an embedding context")
-            self._embed_batch = L.llama_batch_init(self.n_ctx, 0, 1)
-        ctx, b = self._embed_ctx, self._embed_batch
-        n_embd = L.llama_model_n_embd(self.model)
-        out, total = [], 0
-        for i, text in enumerate(texts):
-            toks = list(text) if isinstance(text, list) else self.tokenize(text, add_special=True, parse_special=False)
-            if not toks:
-                raise EngineError("invalid_request", f"input[{i}] is empty")
-            if len(toks) > self.n_ctx:
-                raise EngineError("context_length_exceeded", f"input[{i}] has {len(toks)} tokens; at most {self.n_ctx} fit")
-            L.llama_memory_clear(L.llama_get_memory(ctx), True)
-            for j, t in enumerate(toks):
-                b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = t, j, 1, True
-                b.seq_id[j][0] = 0
-            b.n_tokens = len(toks)
-            if L.llama_decode(ctx, b) != 0:
-                raise EngineError("decode_failed", "llama_decode failed while embedding")
-            vec = np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, 0), shape=(n_embd,)).astype(np.float64)
-            norm = float(np.linalg.norm(vec)) or 1.0
-            out.append((vec / norm).tolist())
-            total += len(toks)
-        return out, total
+        """Mean-pooled, L2-normalised embeddings of texts or token-id lists (embedder.py)."""
+        return self._embedder.embed(texts)
 
     # ---- sampling -----------------------------------------------------------------------
     def grammar_from_schema(self, schema: dict) -> str:

@@ -42,7 +42,8 @@ class KvReuse:
                  exact_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic,
                  max_busy: int | None = None):  # fmt: skip
         self.engine = engine
-        self.pool = SeqPool(n_seq, clock, max_busy)  # clock: seconds, for pins (tests pass a fake one)
+        # clock: seconds, for pins (tests pass a fake one)
+        self.pool = SeqPool(n_seq, clock, max_busy, neighbours=not getattr(engine, "kv_unified", True))
         self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
         self.max_retained = max_retained_tokens
         self.exact_up_to = exact_up_to  # None: restores are exact at any length

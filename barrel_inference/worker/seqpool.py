@@ -19,6 +19,9 @@ keeps only the last window of a sequence's positions).
 There may be more sequences than run at once (`max_busy`): the others hold idle caches, so more
 conversations than running requests keep their cells between turns.
 
+`neighbours`: with a KV buffer per sequence llama.cpp decodes each run of consecutive running
+sequence ids as a pass of its own, so an empty sequence next to a busy one is taken first.
+
 Pins: a request may ask that its cache be kept for a while (Submit.pin_ttl_s, from Anthropic's
 cache_control). A pinned sequence is not dropped by retention (`over_retention`) before its pin
 runs out, and is the last choice to overwrite; unpinned caches go first. A sequence released in
@@ -77,8 +80,10 @@ Shareable = Callable[[int, int], bool]
 
 
 class SeqPool:
-    def __init__(self, n_seq: int, clock: Callable[[], float] = time.monotonic, max_busy: int | None = None):
+    def __init__(self, n_seq: int, clock: Callable[[], float] = time.monotonic, max_busy: int | None = None,
+                 neighbours: bool = False):  # fmt: skip
         self.slots = [Slot(i) for i in range(n_seq)]
+        self.neighbours = neighbours
         # at most this many run at once; the other sequences only hold idle caches (the engine's
         # n_seq_idle: a conversation between turns keeps its cells, and its next turn is sticky)
         self.max_busy = n_seq if max_busy is None else max(1, min(max_busy, n_seq))
@@ -128,7 +133,10 @@ class SeqPool:
                 target, kind = max(extend, key=lambda s: (len(s.tokens), -s.last_used)), "prefix"
             else:
                 empty = [s for s in free if not s.tokens]
-                target = min(empty or free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
+                if empty:
+                    target = min(empty, key=lambda s: (not self._next_to_busy(s), s.last_used))
+                else:
+                    target = min(free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
                 kind = "prefix"
         common = common_prefix(target.tokens, prompt)  # target is free: all it holds is committed
         keep = self._usable(target, prompt, None, shareable, common)
@@ -159,6 +167,12 @@ class SeqPool:
         target.tokens = []
         target.last_used = self._clock
         return plan
+
+    def _next_to_busy(self, slot: Slot) -> bool:
+        if not self.neighbours:
+            return True  # no preference: every empty sequence is as good
+        near = (self.slots[i] for i in (slot.seq - 1, slot.seq + 1) if 0 <= i < len(self.slots))
+        return any(s.busy for s in near)
 
     def release(self, seq: int, tokens: list[int] | None, pin_ttl_s: float = 0.0) -> bool:
         """The request on seq ended; tokens: what its KV cache now holds (None: unknown). pin_ttl_s:

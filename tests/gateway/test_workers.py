@@ -88,6 +88,12 @@ def test_worker_argv_and_slug():
     assert engine_options(Settings(), StubRecord("x:1")).flash_attn == "auto"
     sw = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(swa_full=True))
     assert sw[-2:] == ["--swa-full", "true"]
+    kv = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(kv_unified=False))
+    assert kv[-2:] == ["--kv-unified", "false"]
+    from barrel_inference.worker.__main__ import parse_args
+
+    assert parse_args(["--bind", "x", "--model-name", "g", *kv[-2:]]).kv_unified is False
+    assert parse_args(["--bind", "x", "--model-name", "g"]).kv_unified is True  # one unified buffer unless told
     assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"

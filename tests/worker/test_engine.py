@@ -90,3 +90,38 @@ def test_typical_p_joins_the_chain(engine):
     assert b"typical" in names
     plain.free()
     typical.free()
+
+
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["split", "unified"])
+def test_a_copied_prefix_continues_like_its_source_and_a_queued_copy_is_never_overwritten(tiny_gguf, kv_unified):
+    """seq_copy gives the destination the source's first n positions and nothing beyond. Between KV
+    buffers llama.cpp only queues the copy (done at the next decode), so until then a state must
+    not be saved from, or restored into, either buffer: the restored data would be overwritten, or
+    carried off, by the copy."""
+    e = LlamaEngine(str(tiny_gguf), n_ctx=128, n_seq_max=3, n_batch=64, threads=1, kv_unified=kv_unified)
+    try:
+        toks = e.tokenize("the cat sat on the mat and then the dog sat on the cat", add_special=False)
+        n = len(toks)
+        assert e.decode(toks, list(range(n)), [0] * n, [False] * n) == 0
+        saved = e.state_seq_save(0)
+        assert saved
+        k = n - 4
+        e.seq_copy(0, 1, k)
+        assert (e.state_seq_save(1) == b"") is not kv_unified
+        assert e.state_seq_save(0) == saved  # the source's data is all there
+        assert e.state_seq_load(2, saved)  # a buffer the copy does not touch
+        assert e.state_seq_load(1, saved) is kv_unified  # refused while the copy is queued
+        e.seq_clear(1)
+        e.seq_copy(0, 1, k)
+        assert e.seq_pos_min(1) == 0
+        # the next token at k: the copy (positions < k only) against the source cut to k
+        assert e.decode([toks[k]], [k], [1], [True]) == 0
+        got = e.logits(0).copy()
+        assert e.state_seq_save(1)  # the copy is done
+        assert e.seq_truncate(0, k)
+        assert e.decode([toks[k]], [k], [0], [True]) == 0
+        assert (e.logits(0) == got).all()
+        e.seq_copy(0, 2, k)
+        assert e.state_seq_load(0, saved) is kv_unified  # the source's buffer is read by the queued copy
+    finally:
+        e.close()

@@ -26,11 +26,13 @@ MAX_TOKENS = 6
 SYSTEM = "system: you are a terse assistant. answer in one short line, never more. " * 3
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_gguf):
+# the warm engines run in both KV layouts: a buffer per sequence (the default; a prefix copy
+# copies a buffer) and one unified buffer (a prefix copy shares cells)
+@pytest.fixture(scope="module", params=[False, True], ids=["split", "unified"])
+def engine(tiny_gguf, request):
     from barrel_inference.worker.engine import LlamaEngine
 
-    e = LlamaEngine(str(tiny_gguf), n_ctx=N_CTX, n_seq_max=2, n_batch=256, threads=2)
+    e = LlamaEngine(str(tiny_gguf), n_ctx=N_CTX, n_seq_max=2, n_batch=256, threads=2, kv_unified=request.param)
     yield e
     e.close()
 
@@ -153,12 +155,13 @@ def test_selftest_finds_restores_exact_on_the_tiny_model(engine):
     assert result["probes"] and all(p["exact"] and p["max_abs_diff"] == 0.0 for p in result["probes"])
 
 
-@pytest.fixture(scope="module")
-def idle_engine(tiny_gguf):
+@pytest.fixture(scope="module", params=[False, True], ids=["split", "unified"])
+def idle_engine(tiny_gguf, request):
     """One running sequence and two more sequence ids that only hold idle caches."""
     from barrel_inference.worker.engine import LlamaEngine
 
-    e = LlamaEngine(str(tiny_gguf), n_ctx=N_CTX, n_seq_max=1, n_batch=256, threads=2, n_seq_idle=2, idle_cells=2 * N_CTX)
+    e = LlamaEngine(str(tiny_gguf), n_ctx=N_CTX, n_seq_max=1, n_batch=256, threads=2, n_seq_idle=2, idle_cells=2 * N_CTX,
+                    kv_unified=request.param)  # fmt: skip
     yield e
     e.close()
 
@@ -193,6 +196,12 @@ def test_sticky_session_six_turns_equal_cold(engine, cold_engine):
     assert conv.kinds == ["cold"] + ["sticky"] * 5
     conv.check_cached_grows()
     conv.check_against_cold(cold_engine)
+
+
+def test_the_pool_keeps_running_sequences_neighbours_only_with_a_buffer_per_sequence(engine):
+    """(seqpool.py: each run of consecutive running ids is a decode pass of its own there)"""
+    with scheduler(engine) as (s, _):
+        assert s.pool.neighbours is not engine.kv_unified
 
 
 def test_two_conversations_a_b_a_without_sessions_keep_their_caches(engine, cold_engine):

@@ -65,8 +65,11 @@ def test_a_state_holding_exactly_the_window_is_restored_and_continued_exactly(ge
     pos >= 512), so under pressure a sequence of n tokens keeps positions n - 511 .. n - 1 there:
     exactly what its next token attends to. Such a state, saved and restored, must be continued
     (it was refused by an off-by-one, which sent every such conversation back to a cold prefill),
-    and with flash attention off it continues bit-exactly; one token shorter, it lacks a cell."""
-    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=2, threads=2, extra_buffers=False, flash_attn="off")
+    and with flash attention off it continues bit-exactly; one token shorter, it lacks a cell.
+    (The pressure comes from another sequence in one unified buffer: a buffer of its own keeps a
+    window and a ubatch.)"""
+    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=2, threads=2, extra_buffers=False, flash_attn="off",
+                               kv_unified=True)  # fmt: skip
     try:
         n = 1000
         toks = [(11 * i) % 5000 + 300 for i in range(3000)]
@@ -99,17 +102,19 @@ def test_a_state_holding_exactly_the_window_is_restored_and_continued_exactly(ge
         e.close()
 
 
-@pytest.mark.parametrize("headroom", [True, False])
-def test_window_layers_have_room_for_a_prefix_that_idle_sequences_share(gemma_gguf, monkeypatch, headroom):
+@pytest.mark.parametrize("layout", ["unified", "unified-no-headroom", "split"])
+def test_window_layers_have_room_for_a_prefix_that_idle_sequences_share(gemma_gguf, monkeypatch, layout):
     """Four conversations share a copied 1,200-token system prompt and then grow 500 tokens each,
-    one running sequence and three idle ones. The window cells of the shared prompt stay in the
-    window layers while all four hold them (llama.cpp reuses a window cell only when one sequence
-    holds it), so a window cache sized one window per sequence id overflows (a decode finds no KV
-    slot); with the headroom the engine asks for, every decode fits."""
+    one running sequence and three idle ones. In one unified buffer the window cells of the shared
+    prompt stay in the window layers while all four hold them (llama.cpp reuses a window cell only
+    when one sequence holds it), so a window cache sized one window per sequence id overflows (a
+    decode finds no KV slot); with the headroom the engine asks for, every decode fits. With a
+    buffer per sequence each copy has window cells of its own: no headroom is asked for or needed."""
+    headroom = layout != "unified-no-headroom"
     if not headroom:
         monkeypatch.setattr(engine_mod.LlamaEngine, "_swa_headroom", lambda self: 0)
     e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=1, n_seq_idle=3, idle_cells=6144, threads=2,
-                               extra_buffers=False)  # fmt: skip
+                               extra_buffers=False, kv_unified=layout != "split")  # fmt: skip
     try:
         assert e.n_seq_total == 4
         toks = [(13 * i) % 5000 + 300 for i in range(4000)]

@@ -1,3 +1,5 @@
+import pytest
+
 from barrel_inference.worker.seqpool import SeqPool, common_prefix
 
 BOS = 2
@@ -188,3 +190,15 @@ def test_idle_sequences_hold_caches_but_never_run_more_than_max_busy():
     pool.release(c.seq, [BOS, 8, 9])
     again = pool.acquire("a", [BOS, 1, 2, 3, 4])
     assert again.seq == a.seq and again.kind == "sticky" and again.keep == 4
+
+
+@pytest.mark.parametrize("neighbours, want", [(True, 2), (False, 3)])
+def test_with_a_buffer_per_sequence_an_empty_sequence_next_to_a_busy_one_is_taken_first(neighbours, want):
+    """llama.cpp decodes each run of consecutive running sequence ids as a pass of its own: with
+    0 and 1 running, sequence 2 keeps one run where 3 (used longer ago) would make two."""
+    pool = SeqPool(4, neighbours=neighbours)
+    for _ in range(3):
+        pool.acquire(None, [1, 2, 3])
+    assert pool.release(2, None)  # 2 is empty again, and used more recently than 3
+    plan = pool.acquire(None, [9, 9, 9])
+    assert plan.seq == want and plan.kind == "cold"
