@@ -20,7 +20,8 @@ There may be more sequences than run at once (`max_busy`): the others hold idle 
 conversations than running requests keep their cells between turns.
 
 `neighbours`: with a KV buffer per sequence llama.cpp decodes each run of consecutive running
-sequence ids as a pass of its own, so an empty sequence next to a busy one is taken first.
+sequence ids as a pass of its own, so an empty sequence next to a busy one is taken first, and a
+cache chosen away from the busy ones (a session's own) is copied into such a sequence if there is one.
 
 Pins: a request may ask that its cache be kept for a while (Submit.pin_ttl_s, from Anthropic's
 cache_control). A pinned sequence is not dropped by retention (`over_retention`) before its pin
@@ -138,6 +139,12 @@ class SeqPool:
                 else:
                     target = min(free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
                 kind = "prefix"
+        if target.tokens and not self._next_to_busy(target) and any(s.busy for s in self.slots):
+            # a cache away from the running sequences is copied next to them (a buffer copy costs
+            # less than a decode pass more for every token of the request)
+            near = [s for s in free if not s.tokens and self._next_to_busy(s)]
+            if near:
+                target = min(near, key=lambda s: s.last_used)
         common = common_prefix(target.tokens, prompt)  # target is free: all it holds is committed
         keep = self._usable(target, prompt, None, shareable, common)
         evict = None

@@ -202,3 +202,18 @@ def test_with_a_buffer_per_sequence_an_empty_sequence_next_to_a_busy_one_is_take
     assert pool.release(2, None)  # 2 is empty again, and used more recently than 3
     plan = pool.acquire(None, [9, 9, 9])
     assert plan.seq == want and plan.kind == "cold"
+
+
+@pytest.mark.parametrize("neighbours", [True, False])
+def test_with_a_buffer_per_sequence_a_session_cache_away_from_the_running_ones_is_copied_next_to_them(neighbours):
+    pool = SeqPool(4, neighbours=neighbours)
+    conv = [BOS, 5, 6, 7]
+    assert [pool.acquire("S", conv).seq] + [pool.acquire(None, [BOS, 50 + i]).seq for i in range(3)] == [0, 1, 2, 3]
+    pool.release(0, conv)  # S's cache at 0; 1 and 2 empty; 3 runs
+    assert pool.release(1, None) and pool.release(2, None)
+    plan = pool.acquire("S", conv + [8, 9])
+    if neighbours:  # 0 would be a run of its own: the cache is copied into 2, next to 3
+        assert (plan.seq, plan.kind, plan.copy_from, plan.copy_n, plan.keep) == (2, "copy", 0, 4, 0)
+    else:
+        assert (plan.seq, plan.kind, plan.keep) == (0, "sticky", 4)
+    assert pool.session_seq("S") == plan.seq
