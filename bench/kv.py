@@ -13,6 +13,10 @@
     for all of them (`--d-parallel`, default 8 = 3 retained + 4 streams + the long prompt), so the
     long prompt never waits for a free slot: what it measures is its prefill beside the retained
     caches and the running streams, not how soon a stream ends.
+(e) agents: conversations that run at once, each its own session looping turn after turn
+    (`--agents 8` over `--parallel 4`): aggregate output tokens/s and the median later-turn TTFT.
+    Sessions come back to wherever their caches lie, so the running sequence ids scatter (with a
+    KV buffer per sequence llama.cpp decodes each run of consecutive ids as a pass of its own).
 Every system gets the same model, threads and per-sequence context; prints figures and writes
 them to the run's work directory.
 """
@@ -48,7 +52,7 @@ async def _turn(client: LoadClient, messages: list[dict], max_tokens: int, sessi
     messages.append({"role": "assistant", "content": res.text})
     return {
         "ttft_ms": None if res.ttft is None else round(res.ttft * 1000.0, 1), "prompt_tokens": res.prompt_tokens,
-        "cached_tokens": res.cached_tokens, "ok": res.ok, "error": res.error,
+        "cached_tokens": res.cached_tokens, "completion_tokens": res.n_tokens, "ok": res.ok, "error": res.error,
     }  # fmt: skip
 
 
@@ -61,6 +65,27 @@ async def one_conversation(client: LoadClient, system: str, *, turns: int, max_t
         per_turn.append({"turn": i + 1, **await _turn(client, messages, max_tokens, session)})
     later = [t["ttft_ms"] for t in per_turn[1:] if t["ttft_ms"] is not None]
     return {"turns": per_turn, "ttft_ms_turn1": per_turn[0]["ttft_ms"], "ttft_ms_later_p50": percentile(later, 50)}
+
+
+async def agents(client: LoadClient, system: str, *, n_conv: int, turns: int, max_tokens: int) -> dict:
+    """(e) n_conv conversations at once, each `turns` turns in a row with its own session."""
+    later: list[float] = []
+    tokens = [0]
+
+    async def one(k: int) -> None:
+        messages = [{"role": "system", "content": system}]
+        for i in range(turns):
+            messages.append({"role": "user", "content": f"[{k}] " + QUESTIONS[(i + k) % len(QUESTIONS)]})
+            t = await _turn(client, messages, max_tokens, f"agent-{k}")
+            tokens[0] += t["completion_tokens"] or 0
+            if i > 0 and t["ttft_ms"] is not None:
+                later.append(t["ttft_ms"])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(n_conv)))
+    wall = time.perf_counter() - t0
+    return {"conversations": n_conv, "tokens": tokens[0], "tok_s": round(tokens[0] / wall, 1),
+            "ttft_ms_later_p50": percentile(later, 50), "wall_s": round(wall, 1)}  # fmt: skip
 
 
 async def interleaved(client: LoadClient, system: str, *, n_conv: int, turns: int, max_tokens: int) -> dict:
@@ -136,7 +161,7 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
 
 
 async def _workloads(server: systems.Server, args, count, system: str, which: list[str], out: dict) -> None:
-    """Run the workloads in `which` (a, b, d) on one fresh start of server."""
+    """Run the workloads in `which` (a, b, d, e) on one fresh start of server."""
     server.proc = None
     server.start()
     try:
@@ -155,6 +180,10 @@ async def _workloads(server: systems.Server, args, count, system: str, which: li
                     fig = await interleaved(client, system, n_conv=n_conv, turns=args.turns, max_tokens=args.max_tokens)
                     out["b"].append(fig)
                     log(json.dumps(fig))
+            if "e" in which:
+                log(f"(e) {args.agents} agents at once")
+                out["e"] = await agents(client, system, n_conv=args.agents, turns=args.turns, max_tokens=args.max_tokens)
+                log(json.dumps(out["e"]))
             if "d" in which:
                 log(f"(d) long prompt with retained caches ({args.d_parallel} sequences)")
                 out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens, retained=args.retained)
@@ -169,7 +198,7 @@ async def measure(name: str, make_server, shape: systems.Shape, args, count, sys
         log("(c) restore after a restart")
         out["c"] = await restore_after_restart(make_server(shape), kv_dir, system, max_tokens=args.max_tokens)
         log(json.dumps(out["c"]))
-    ab = [w for w in args.workloads if w in "ab"]
+    ab = [w for w in args.workloads if w in "abe"]
     if "d" in args.workloads and args.d_parallel == shape.parallel:
         ab.append("d")
     if ab:
@@ -198,7 +227,7 @@ async def run(args) -> dict:
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
                         "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
                         "max_retained_tokens": args.max_retained_tokens, "swa_full": args.swa_full,
-                        "idle_sequences": args.idle_sequences, "kv_unified": args.kv_unified,
+                        "idle_sequences": args.idle_sequences, "kv_unified": args.kv_unified, "agents": args.agents,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -230,13 +259,14 @@ async def run(args) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.kv", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", default="ours,llama-server")
-    p.add_argument("--workloads", default="a,b,c,d", help="comma-separated: a,b,c,d")
+    p.add_argument("--workloads", default="a,b,c,d", help="comma-separated: a,b,c,d,e")
     p.add_argument("--model", help="a GGUF path (default: the packaged gemma3:270m)")
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-tokens", type=int, default=1500)
     p.add_argument("--long-tokens", type=int, default=2000)
     p.add_argument("--interleave", default="8", help="(b): conversation counts, over --parallel sequences")
     p.add_argument("--parallel", type=int, default=4, help="sequences / slots")
+    p.add_argument("--agents", type=int, default=8, help="(e): conversations at once")
     p.add_argument("--d-parallel", type=int, default=0,
                    help="(d): sequences / slots of its server (default and minimum: 3 retained + 4 streams + 1)")
     p.add_argument("--max-tokens", type=int, default=32)

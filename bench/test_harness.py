@@ -231,3 +231,62 @@ def test_kv_long_prompt_workload_gets_a_server_with_a_slot_for_every_request(mon
     args = kv.parse_args(["--workloads", "a,d", "--parallel", "8"])
     aio.run(kv.measure("llama-server", lambda sh: sh, systems.Shape(model_path="m.gguf", parallel=8), args, None, "", None))
     assert started == [(8, ["a", "d"])]
+
+
+async def test_kv_agents_run_their_conversations_at_once_each_with_its_session():
+    """(e): every conversation is in flight together, turn after turn, each under its own session id."""
+    from bench import kv
+
+    live, peak, sessions = [0], [0], {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        sid = request.headers["x-session-id"]
+        sessions[sid] = sessions.get(sid, 0) + 1
+        assert sum(m["role"] == "user" for m in body["messages"]) == sessions[sid]  # the conversation grows
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(3):
+            await resp.write(f"data: {json.dumps({'choices': [{'delta': {'content': 'a'}}]})}\n\n".encode())
+            await asyncio.sleep(0.02)
+        usage = {"completion_tokens": 3, "prompt_tokens": 10}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        live[0] -= 1
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        async with LoadClient(url, "m") as client:
+            fig = await kv.agents(client, "system", n_conv=4, turns=3, max_tokens=3)
+    finally:
+        await runner.cleanup()
+    assert sessions == {f"agent-{k}": 3 for k in range(4)}
+    assert peak[0] == 4
+    assert fig["conversations"] == 4 and fig["tokens"] == 4 * 3 * 3 and fig["tok_s"] > 0
+    assert fig["ttft_ms_later_p50"] is not None
+
+
+def test_the_kv_layout_reaches_both_systems_only_when_asked(tmp_path):
+    from pathlib import Path
+
+    from bench import systems
+
+    for value, ours_line, flag in ((None, None, None), (True, "kv_unified = true", "--kv-unified"),
+                                   (False, "kv_unified = false", "--no-kv-unified")):  # fmt: skip
+        shape = systems.Shape(model_path=Path("/m.gguf"), kv_unified=value)
+        systems.ours(shape, "m", tmp_path / "c", tmp_path / str(value))
+        text = (tmp_path / str(value) / "ours.toml").read_text()
+        argv = systems.llama_server(shape, Path("/bin/llama-server"), tmp_path).argv
+        if value is None:
+            assert "kv_unified" not in text and not any("kv-unified" in a for a in argv)
+        else:
+            assert ours_line in text and flag in argv
+    assert systems.truth(None) is None and systems.truth("true") is True and systems.truth("false") is False
