@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import msgspec
@@ -155,11 +156,9 @@ def main(argv=None) -> int:
     from ..protocol import EngineInfo
     from .engine_api import EngineError
     from .engine_profile import resolve
-    from .server import WorkerServer
     from .templates import ChatTemplate, TemplateError
     from .toolhook import from_args as tools_from_args
     from ..toolcalls import UnknownFormat
-    from .warmup import warm_up
 
     t0 = time.perf_counter()
     if args.cpu_affinity:
@@ -182,11 +181,50 @@ def main(argv=None) -> int:
     except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)
         return 2
-    n_ctx = min(args.n_ctx, engine.n_ctx)
     info = EngineInfo(
         profile=profile.name, extra_buffers=profile.extra_buffers, reason=profile.reason,
         weight_buffers=engine.weight_buffers() if hasattr(engine, "weight_buffers") else [],
     )  # fmt: skip
+    held: dict = {}
+
+    def serve() -> None:
+        held["rc"] = serve_engine(args, engine, template, tools, info, profile, t0, held)
+
+    def _term(signum, frame):
+        held["stop"] = True
+        if "server" in held:
+            held["server"].stop()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    try:
+        engine_thread(serve)  # the main thread only takes signals
+    finally:
+        engine.close()
+    if held.get("rc", 1) != 0:
+        return held.get("rc", 1)
+    _log("worker_exit", model=args.model_name, pid=os.getpid())
+    return 0
+
+
+def engine_thread(work) -> None:
+    """Run `work` (everything that decodes: warm-up, the KV self-test, the scheduler loop) on one
+    thread of its own, and wait for it. llama.cpp's OpenMP builds give the first thread that
+    computes a graph a fast thread team; a graph computed on any thread after that ran ~60 % slower
+    here (22 against 36 ms a token on 2 cores, BENCHMARKS.md), so no decode may come first on
+    another thread. (Embeddings run on a thread of their own, after, and slow only themselves.)"""
+    thread = threading.Thread(target=work, name="scheduler", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+
+
+def serve_engine(args, engine, template, tools, info, profile, t0: float, held: dict) -> int:
+    """On the engine thread: warm up, build the server (its KV self-test), serve until stopped."""
+    from ..protocol.curve import CurveError
+    from .server import WorkerServer
+    from .warmup import warm_up
+
     if not args.no_warmup:
         # an engine that crashes on this CPU crashes here, before hello, where the gateway can fall back
         try:
@@ -199,8 +237,7 @@ def main(argv=None) -> int:
     if not args.fake:
         facts = system_info()
         info = msgspec.structs.replace(info, system_info=facts["system_info"], llama_cpp_version=facts["llama_cpp_python"])
-    from ..protocol.curve import CurveError
-
+    n_ctx = min(args.n_ctx, engine.n_ctx)
     try:
         server = WorkerServer(
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
@@ -211,24 +248,16 @@ def main(argv=None) -> int:
         )  # fmt: skip
     except CurveError as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)
-        engine.close()
         return 2
     if args.exit_with_parent:
         server.watch_parent = os.getppid()
+    held["server"] = server
+    if held.get("stop"):
+        return 0
     _log("model_loaded", model=args.model_name, architecture=engine.architecture, n_ctx=n_ctx, profile=profile.name,
          extra_buffers=profile.extra_buffers, weight_buffers=info.weight_buffers,
          n_seq_max=engine.n_seq_max, template=template.name, load_ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
-
-    def _term(signum, frame):
-        server.stop()
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
-    try:
-        server.serve()
-    finally:
-        engine.close()
-    _log("worker_exit", model=args.model_name, pid=os.getpid())
+    server.run()
     return 0
 
 

@@ -239,18 +239,26 @@ class WorkerServer:
         self.scheduler.request_stop()
 
     def serve(self) -> None:
-        if self.bind.startswith("ipc://"):
-            path = Path(self.bind[len("ipc://") :])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-        thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        """run() on a thread of its own, until stop()."""
+        thread = threading.Thread(target=self.run, name="scheduler", daemon=True)
         thread.start()
         try:
-            while not self._stop.wait(0.5):  # the main thread only takes signals
+            while not self._stop.wait(0.5):
                 pass
         finally:
             self.scheduler.request_stop()
             thread.join(10)
+
+    def run(self) -> None:
+        """The scheduler loop on the calling thread, until stop(). The worker runs it on the thread
+        that made every earlier decode (warm-up, KV self-test): see __main__.engine_thread."""
+        if self.bind.startswith("ipc://"):
+            path = Path(self.bind[len("ipc://") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        try:
+            self._loop()
+        finally:
             if self.store is not None:
                 self.store.close()
             if self.bind.startswith("ipc://"):
