@@ -62,6 +62,18 @@ def test_merge_passes_takes_medians_and_ratios_pair_passes():
     assert r["llama-server"]["ttft_p50_speedup"]["4"] == pytest.approx(0.5)
 
 
+async def serve(handler, *paths: str) -> tuple[web.AppRunner, str]:
+    """A local aiohttp server answering POST on `paths` with `handler`: its runner and base URL."""
+    app = web.Application()
+    for path in paths:
+        app.router.add_post(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
 async def _sse_server(chunks: list[dict]):
     async def handler(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -74,15 +86,7 @@ async def _sse_server(chunks: list[dict]):
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve(handler, "/v1/completions", "/v1/chat/completions")
 
 
 async def test_client_parses_completion_stream_with_usage():
@@ -185,13 +189,7 @@ async def test_levels_apply_the_suppress_ids_and_stop_at_a_level_past_its_time_b
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    runner, url = await serve(handler, "/v1/completions")
     # 1 stream of 4 tokens fits in the box (~0.2 s); 2 streams of 40 tokens (~2 s) do not, so 8 is never run
     args = parse_args(["run", "--concurrency", "1", "--max-tokens", "4", "--rounds", "1", "--suppress", "113,115",
                        "--level-timeout", "1.5"])  # fmt: skip
@@ -256,13 +254,7 @@ async def test_kv_agents_run_their_conversations_at_once_each_with_its_session()
         live[0] -= 1
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    runner, url = await serve(handler, "/v1/chat/completions")
     try:
         async with LoadClient(url, "m") as client:
             fig = await kv.agents(client, "system", n_conv=4, turns=3, max_tokens=3)
