@@ -71,7 +71,8 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the
-    # tiers), and the budgets of the RAM and disk tiers of saved sequence states (0 = off)
+    # tiers; the unified KV layout only), and the budgets of the RAM and disk tiers of saved
+    # sequence states (0 = off)
     max_retained_tokens: int | None = None
     # sequence ids beyond n_seq_max that only hold idle caches (a conversation between turns keeps
     # its cells and its next turn continues them: exact with any attention kernel); the KV cache

@@ -10,6 +10,7 @@ after a restart) must give the same tokens bit for bit.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -302,14 +303,20 @@ def test_a_corrupt_or_torn_disk_entry_is_detected_and_recomputed(engine, cold_en
 
 
 def test_retention_bound_moves_idle_caches_to_ram_and_back(engine, cold_engine):
+    """In one unified buffer; with a buffer per sequence retained caches slow nobody, so the bound
+    does not apply and A's cache stays where it is."""
     store = make_store(engine, None)
     a, b = Conversation(engine, "ra", session="RA"), Conversation(engine, "rb", session="RB")
     with scheduler(engine, store=store, max_retained=300) as (s, c):
         a.turn(s, c, "one")
         b.turn(s, c, "one")
-        assert s.pool.retained() <= 300  # A's cache was dropped (into RAM) when B's finished
+        deadline = time.monotonic() + 10
+        while any(x.busy for x in s.pool.slots) and time.monotonic() < deadline:
+            time.sleep(0.01)  # B's last token goes in after its grace
+        # unified: A's cache was dropped (into RAM) when B's finished; split: both stay
+        assert (s.pool.retained() <= 300) is engine.kv_unified
         a.turn(s, c, "two")
-    assert a.kinds[1] == "ram"
+    assert a.kinds[1] == ("ram" if engine.kv_unified else "sticky")
     a.check_against_cold(cold_engine)
 
 
