@@ -188,6 +188,21 @@ def test_an_aborted_embedding_stops_between_inputs_and_other_work_goes_on(fake_s
     assert isinstance(msg, EmbedResult) and msg.embeddings and len(msg.embeddings) == 1
 
 
+def test_the_embedding_thread_ends_when_idle_and_the_next_request_starts_one(fake_server):
+    """A live second thread that has computed a graph throttles the scheduler thread's OpenMP team
+    (24 against 42 ms a token, BENCHMARKS.md), so the embedding thread lives only while it has work."""
+    engine = FakeEngine(n_ctx=4096, embed_seconds=0.01)
+    server, client = fake_server(engine)
+    for rid in ("e1", "e2"):
+        client.send(Embed(rid, inputs=["some text"] * 3))
+        msg = client.recv(10)
+        assert isinstance(msg, EmbedResult) and msg.id == rid and len(msg.embeddings) == 3
+        deadline = time.monotonic() + 5
+        while server.embedder.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not server.embedder.running
+
+
 # ---- finding 10: control tokens inside a message's content were parsed as control tokens ----------------------
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_gguf):
