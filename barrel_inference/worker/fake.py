@@ -35,6 +35,7 @@ class FakeEngine:
     add_bos = False
     n_swa = 0
     n_seq_idle = 0
+    kv_unified = True
 
     def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0,
                  n_seq_idle: int = 0, **_):  # fmt: skip

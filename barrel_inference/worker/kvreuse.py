@@ -43,11 +43,11 @@ class KvReuse:
                  max_busy: int | None = None):  # fmt: skip
         self.engine = engine
         # clock: seconds, for pins (tests pass a fake one)
-        self.pool = SeqPool(n_seq, clock, max_busy, neighbours=not getattr(engine, "kv_unified", True))
+        self.pool = SeqPool(n_seq, clock, max_busy, neighbours=not engine.kv_unified)
         self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
         # the bound keeps retained caches from widening what every row of one unified KV buffer
         # attends over; with a buffer per sequence they cost nothing (their cells are there anyway)
-        self.max_retained = max_retained_tokens if getattr(engine, "kv_unified", True) else None
+        self.max_retained = max_retained_tokens if engine.kv_unified else None
         self.exact_up_to = exact_up_to  # None: restores are exact at any length
         self.template_id = template_id
         self.log = log or (lambda *a, **k: None)
