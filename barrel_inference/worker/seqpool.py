@@ -238,7 +238,7 @@ class SeqPool:
         return min(self.idle_slots(), key=lambda s: (self.pinned(s), s.last_used), default=None)
 
     def retained(self) -> int:
-        return sum(len(s.tokens) for s in self.slots if not s.busy)
+        return sum(len(s.tokens) for s in self.idle_slots())
 
     def end_session(self, session: str) -> int | None:
         """Unpin a session; returns the seq to clear if it was idle."""
