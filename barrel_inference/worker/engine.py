@@ -23,7 +23,7 @@ from .grammar_stages import best_allowed
 from .kvselftest import state_selftest
 from .kvstore import model_fingerprint
 from .logprobs import log_probability
-from .embedder import Embedder
+from .embedding_context import EmbeddingContext
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -209,7 +209,7 @@ class LlamaEngine:
         # no token covers more characters than its vocabulary text has bytes (a bound for prompt checks)
         self.max_token_chars = longest
         self.ctx = None
-        self._embedder = Embedder(L, self)
+        self._embedding = EmbeddingContext(L, self)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._create_context()
 
@@ -269,7 +269,7 @@ class LlamaEngine:
         self._create_context()
 
     def close(self) -> None:
-        self._embedder.close()
+        self._embedding.close()
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
@@ -437,8 +437,8 @@ class LlamaEngine:
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised embeddings of texts or token-id lists (embedder.py)."""
-        return self._embedder.embed(texts)
+        """Mean-pooled, L2-normalised embeddings of texts or token-id lists (embedding_context.py)."""
+        return self._embedding.embed(texts)
 
     # ---- sampling -----------------------------------------------------------------------
     def grammar_from_schema(self, schema: dict) -> str:

@@ -1,7 +1,8 @@
 """Embeddings: a second llama.cpp context of the engine's model, made on first use.
 
 It drives llama.cpp through the bindings the engine hands it (engine.py is the only module that
-imports llama_cpp). The worker calls it from its embedding thread, never the scheduler's.
+imports llama_cpp). The worker calls it from its embedding thread (server.Embedder), never the
+scheduler's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 from .engine_api import EngineError
 
 
-class Embedder:
+class EmbeddingContext:
     def __init__(self, bindings, engine):
         self.L = bindings
         self.engine = engine
