@@ -201,8 +201,9 @@ def main(argv=None) -> int:
         engine_thread(serve)  # the main thread only takes signals
     finally:
         engine.close()
-    if held.get("rc", 1) != 0:
-        return held.get("rc", 1)
+    rc = held.get("rc", 1)  # 1: the engine thread died of an exception
+    if rc != 0:
+        return rc
     _log("worker_exit", model=args.model_name, pid=os.getpid())
     return 0
 
@@ -212,7 +213,8 @@ def engine_thread(work) -> None:
     thread of its own, and wait for it. llama.cpp's OpenMP builds give the first thread that
     computes a graph a fast thread team; a graph computed on any thread after that ran ~60 % slower
     here (22 against 36 ms a token on 2 cores, BENCHMARKS.md), so no decode may come first on
-    another thread. (Embeddings run on a thread of their own, after, and slow only themselves.)"""
+    another thread. (Embeddings compute on a thread of their own, which ends when it has no work:
+    while it lives it throttles this one, see server.Embedder.)"""
     thread = threading.Thread(target=work, name="scheduler", daemon=True)
     thread.start()
     while thread.is_alive():
