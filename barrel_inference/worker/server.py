@@ -478,6 +478,7 @@ class Embedder:
             self._cancelled.update(i for i in ids if i in self._pending)
 
     def stop(self) -> None:
+        """No new thread starts; the running one finishes the jobs it has (waited for up to 5 s)."""
         with self._lock:
             self._stopping = True
             thread = self._thread
@@ -498,7 +499,7 @@ class Embedder:
         try:
             while True:
                 with self._lock:
-                    if not self._jobs or self._stopping:
+                    if not self._jobs:
                         self._thread = None  # the next job starts a new thread
                         return
                     peer, msg = self._jobs.popleft()
