@@ -27,8 +27,8 @@ MAX_TOKENS = 6
 SYSTEM = "system: you are a terse assistant. answer in one short line, never more. " * 3
 
 
-# the warm engines run in both KV layouts: a buffer per sequence (the default; a prefix copy
-# copies a buffer) and one unified buffer (a prefix copy shares cells)
+# the warm engines run in both KV layouts: a buffer per sequence (a prefix copy copies a buffer)
+# and one unified buffer (the default; a prefix copy shares cells)
 @pytest.fixture(scope="module", params=[False, True], ids=["split", "unified"])
 def engine(tiny_gguf, request):
     from barrel_inference.worker.engine import LlamaEngine
