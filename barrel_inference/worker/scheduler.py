@@ -1,7 +1,8 @@
 """Continuous batching: the scheduler loop, on its own thread.
 
 Each tick builds ONE batch: the next token of every decoding sequence, then a chunk of each
-prefilling prompt (at most `prefill_chunk` tokens each, within n_batch), decodes it once and
+prefilling prompt (at most `prefill_chunk` tokens each, within n_batch; the first chunk fills
+the batch to a multiple of `prefill_chunk` rows, see first_chunk), decodes it once and
 samples every sequence whose logits came out. A request that arrives while others stream joins
 the next tick; an abort frees its sequence at the start of the next tick. Which sequence a new
 request gets, and what of its prompt is already in the KV cache, is kvreuse.py's business; a
@@ -238,7 +239,8 @@ class Scheduler:
         for r in self.active:
             if r.phase is not Phase.PREFILL or budget <= 0:
                 continue
-            take = min(self.prefill_chunk, budget, len(r.prompt) - r.n_past)
+            chunk = self.prefill_chunk if chunks else self.first_chunk(n_decode)
+            take = min(chunk, budget, len(r.prompt) - r.n_past)
             start = r.n_past
             for i in range(take):
                 tokens.append(r.prompt[start + i])
@@ -286,6 +288,17 @@ class Scheduler:
         t4 = time.perf_counter()
         prof.add(build=t1 - t0, decode=t2 - t1, sample=t3 - t2, detok=t4 - t3,
                  n_tokens=len(tokens), n_decode=n_decode, n_prefill=len(tokens) - n_decode)  # fmt: skip
+
+    def first_chunk(self, n_decode: int) -> int:
+        """Prompt rows for the first prefilling request of a tick with n_decode decode rows: the
+        decode rows count against its chunk, so that the batch holds a whole multiple of
+        prefill_chunk rows. llama.cpp's CPU kernels work in row tiles: on a 2-core Xeon a batch of
+        256 rows took 459 ms and one of 260 rows 527-617 ms (BENCHMARKS.md, "Batch rows"). Where
+        that would leave the prompt less than half a chunk (more decode rows than half a chunk),
+        it takes a whole chunk."""
+        c = self.prefill_chunk
+        aligned = c - n_decode % c
+        return aligned if 2 * aligned >= c else c
 
     def _on_token(self, r: Request, tok: int, out) -> None:
         if r.phase is Phase.PREFILL:

@@ -294,6 +294,36 @@ def test_penalties_reduce_repetition(tiny_engine):
     assert len(set(toks["pres"])) > len(set(toks["plain"]))
 
 
+def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows():
+    """With streams decoding, the long prompt's chunk gives way to their rows: every batch that is
+    not its last holds exactly prefill_chunk rows (not prefill_chunk + the decode rows)."""
+    eng = RecordingEngine(n_seq_max=4, tps=1000)
+    with Running(eng, prefill_chunk=16) as (s, c):
+        for k in range(3):
+            s.submit(make_request(eng, f"run{k}", "go" + "!" * k, max_tokens=120))
+        c.wait_for(lambda: all(c.first_delta_time(f"run{k}") is not None for k in range(3)))
+        s.submit(make_request(eng, "long", "y" * 200, max_tokens=2))
+        c.wait(["long"])
+    shapes = []
+    for seqs, _ in eng.batches:
+        counts = {q: seqs.count(q) for q in set(seqs)}
+        prompt = [n for n in counts.values() if n > 1]
+        if prompt and len(counts) == 4:  # three decode rows beside a chunk of the long prompt
+            shapes.append((len(seqs), prompt[0]))
+    assert len(shapes) >= 10
+    assert all(rows == 16 and chunk == 13 for rows, chunk in shapes[:-1]), shapes
+    assert c.done()["long"].usage.prompt_tokens == 200
+
+
+@pytest.mark.parametrize(
+    "chunk, n_decode, first",
+    [(256, 0, 256), (256, 4, 252), (256, 128, 128), (256, 129, 256), (256, 260, 252), (8, 3, 5), (1, 5, 1)],
+)
+def test_first_chunk_counts_decode_rows_unless_the_prompt_would_get_under_half_a_chunk(chunk, n_decode, first):
+    with Running(FakeEngine(), prefill_chunk=chunk) as (s, _):
+        assert s.first_chunk(n_decode) == first
+
+
 def test_accepted_comes_at_admission_before_any_output_with_cached_tokens():
     """Accepted is sent in the tick that gives the request a sequence, ahead of its first token:
     with a prompt longer than one prefill chunk it arrives while the prompt is still being read."""
