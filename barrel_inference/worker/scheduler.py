@@ -1,8 +1,8 @@
 """Continuous batching: the scheduler loop, on its own thread.
 
 Each tick builds ONE batch: the next token of every decoding sequence, then a chunk of each
-prefilling prompt (at most `prefill_chunk` tokens each, within n_batch; the first chunk fills
-the batch to a multiple of `prefill_chunk` rows, see first_chunk), decodes it once and
+prefilling prompt (at most `prefill_chunk` tokens each, within n_batch; with one KV buffer the
+first chunk fills the batch to a multiple of `prefill_chunk` rows, see first_chunk), decodes it once and
 samples every sequence whose logits came out. A request that arrives while others stream joins
 the next tick; an abort frees its sequence at the start of the next tick. Which sequence a new
 request gets, and what of its prompt is already in the KV cache, is kvreuse.py's business; a
@@ -290,13 +290,19 @@ class Scheduler:
                  n_tokens=len(tokens), n_decode=n_decode, n_prefill=len(tokens) - n_decode)  # fmt: skip
 
     def first_chunk(self, n_decode: int) -> int:
-        """Prompt rows for the first prefilling request of a tick with n_decode decode rows: the
-        decode rows count against its chunk, so that the batch holds a whole multiple of
-        prefill_chunk rows. llama.cpp's CPU kernels work in row tiles: on a 2-core Xeon a batch of
-        256 rows took 459 ms and one of 260 rows 527-617 ms (BENCHMARKS.md, "Batch rows"). Where
-        that would leave the prompt less than half a chunk (more decode rows than half a chunk),
-        it takes a whole chunk."""
+        """Prompt rows for the first prefilling request of a tick with n_decode decode rows.
+
+        llama.cpp's CPU kernels work in row tiles: on a 2-core Xeon a batch of 256 rows took 459 ms
+        and one of 260 rows 527-617 ms (BENCHMARKS.md, "Batch rows"). With one KV buffer the whole
+        batch is one ubatch, so the decode rows count against the chunk and the batch holds a whole
+        multiple of prefill_chunk rows; where that would leave the prompt less than half a chunk
+        (more decode rows than half a chunk), it takes a whole chunk. With a buffer per sequence
+        llama.cpp decodes the prompt's rows apart from the decode rows (one token per sequence):
+        the prompt takes a whole chunk (measured: 2,000 tokens beside 4 streams in 3.53 s at 256 a
+        tick, 3.68-3.75 s at 252)."""
         c = self.prefill_chunk
+        if not self.engine.kv_unified:
+            return c
         aligned = c - n_decode % c
         return aligned if 2 * aligned >= c else c
 

@@ -294,10 +294,13 @@ def test_penalties_reduce_repetition(tiny_engine):
     assert len(set(toks["pres"])) > len(set(toks["plain"]))
 
 
-def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows():
-    """With streams decoding, the long prompt's chunk gives way to their rows: every batch that is
-    not its last holds exactly prefill_chunk rows (not prefill_chunk + the decode rows)."""
+@pytest.mark.parametrize("unified, rows, chunk", [(True, 16, 13), (False, 19, 16)])
+def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows(unified, rows, chunk):
+    """With streams decoding in one KV buffer, the long prompt's chunk gives way to their rows:
+    every batch that is not its last holds exactly prefill_chunk rows (not prefill_chunk + the
+    decode rows). With a buffer per sequence the prompt's own rows are a whole chunk."""
     eng = RecordingEngine(n_seq_max=4, tps=1000)
+    eng.kv_unified = unified
     with Running(eng, prefill_chunk=16) as (s, c):
         for k in range(3):
             s.submit(make_request(eng, f"run{k}", "go" + "!" * k, max_tokens=120))
@@ -311,7 +314,7 @@ def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows():
         if prompt and len(counts) == 4:  # three decode rows beside a chunk of the long prompt
             shapes.append((len(seqs), prompt[0]))
     assert len(shapes) >= 10
-    assert all(rows == 16 and chunk == 13 for rows, chunk in shapes[:-1]), shapes
+    assert all(shape == (rows, chunk) for shape in shapes[:-1]), shapes
     assert c.done()["long"].usage.prompt_tokens == 200
 
 
@@ -322,6 +325,8 @@ def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows():
 def test_first_chunk_counts_decode_rows_unless_the_prompt_would_get_under_half_a_chunk(chunk, n_decode, first):
     with Running(FakeEngine(), prefill_chunk=chunk) as (s, _):
         assert s.first_chunk(n_decode) == first
+        s.engine.kv_unified = False
+        assert s.first_chunk(n_decode) == chunk
 
 
 def test_accepted_comes_at_admission_before_any_output_with_cached_tokens():
