@@ -236,10 +236,11 @@ class Scheduler:
         n_decode = len(tokens)
         budget = self.n_batch - n_decode
         chunks: list[tuple[Request, int]] = []
+        even = None if self.engine.kv_unified else self.even_chunk(budget)
         for r in self.active:
             if r.phase is not Phase.PREFILL or budget <= 0:
                 continue
-            chunk = self.prefill_chunk if chunks else self.first_chunk(n_decode)
+            chunk = even or (self.prefill_chunk if chunks else self.first_chunk(n_decode))
             take = min(chunk, budget, len(r.prompt) - r.n_past)
             start = r.n_past
             for i in range(take):
@@ -252,6 +253,8 @@ class Scheduler:
                 r.row = len(tokens) - 1
             chunks.append((r, take))
             budget -= take
+        if not self.engine.kv_unified:
+            tokens, pos, seqs, logits = self._in_sequence_order(tokens, pos, seqs, logits)
         t1 = time.perf_counter()
         status = self.engine.decode(tokens, pos, seqs, logits)
         while status == 1 and self.reuse.drop_idle():  # no KV slot: idle caches give way, oldest first
@@ -305,6 +308,31 @@ class Scheduler:
             return c
         aligned = c - n_decode % c
         return aligned if 2 * aligned >= c else c
+
+    def even_chunk(self, budget: int) -> int | None:
+        """With a KV buffer per sequence: the prompt rows each prefilling request takes this tick,
+        the same for all of them (None: fewer than two prefill). llama.cpp splits such a batch
+        into passes of equally many rows per sequence over consecutive sequence ids, so prompts
+        of unequal lengths in one batch cost a pass per distinct remainder; equal chunks cost one.
+        Measured on Gemma 3 270M (2 cores): 7 prompts of 20-23 tokens beside one stream took 331
+        ms in one batch; with equal chunks, 4 prompts of 19 beside 4 streams took 149 ms."""
+        rest = [len(r.prompt) - r.n_past for r in self.active if r.phase is Phase.PREFILL]
+        if len(rest) < 2:
+            return None
+        return max(1, min(self.prefill_chunk, budget // len(rest), min(rest)))
+
+    def _in_sequence_order(self, tokens, pos, seqs, logits):
+        """The batch's rows sorted by sequence id (each sequence's rows keep their order), with
+        every request's row moved along: with a KV buffer per sequence llama.cpp takes a run of
+        consecutive ids in one pass, and ids in admission order break runs."""
+        order = sorted(range(len(tokens)), key=seqs.__getitem__)
+        moved = [0] * len(order)
+        for new, old in enumerate(order):
+            moved[old] = new
+        for r in self.active:
+            if r.row >= 0:
+                r.row = moved[r.row]
+        return [tokens[i] for i in order], [pos[i] for i in order], [seqs[i] for i in order], [logits[i] for i in order]
 
     def _on_token(self, r: Request, tok: int, out) -> None:
         if r.phase is Phase.PREFILL:

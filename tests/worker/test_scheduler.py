@@ -1,11 +1,13 @@
 """The continuous-batching scheduler on the fake engine (deterministic text) and the tiny GGUF (real llama.cpp)."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from barrel_inference.protocol import FinishReason
 from barrel_inference.worker.fake import TEXT, FakeEngine
+from barrel_inference.worker.request import Phase
 
 from .harness import Running, make_request
 
@@ -316,6 +318,58 @@ def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows(unified, rows,
     assert len(shapes) >= 10
     assert all(shape == (rows, chunk) for shape in shapes[:-1]), shapes
     assert c.done()["long"].usage.prompt_tokens == 200
+
+
+def test_split_layout_sorts_rows_by_sequence_and_gives_prompts_equal_chunks():
+    """With a KV buffer per sequence llama.cpp decodes a run of consecutive sequence ids with
+    equally many rows each in one pass: every batch comes in sequence order, the prompts that
+    prefill together take equal chunks, and each request still reads its own row (a late request
+    takes a sequence freed below running ones, so admission order and id order differ)."""
+    eng = RecordingEngine(n_seq_max=4, tps=500)
+    eng.kv_unified = False
+    offsets = {"a": 0, "b": 4, "c": 11, "d": 23}
+    with Running(eng, prefill_chunk=8) as (s, c):
+        for rid, k in offsets.items():
+            s.submit(make_request(eng, rid, "#" * (30 + 9 * "abcd".index(rid)) + TEXT[:k], max_tokens=40 if rid != "b" else 6))
+        c.wait(["b"])
+        s.submit(make_request(eng, "late", "@" * 30 + TEXT[:7], max_tokens=30))
+        c.wait([*offsets, "late"])
+    offsets["late"] = 7
+    for rid, k in offsets.items():
+        n = c.done()[rid].usage.completion_tokens
+        assert c.text(rid) == expected_text(k, n), rid
+    assert all(seqs == sorted(seqs) for seqs, _ in eng.batches)
+    together = []
+    for seqs, _ in eng.batches:
+        chunks = [n for n in (seqs.count(q) for q in set(seqs)) if n > 1]
+        if len(chunks) >= 2:
+            together.append(chunks)
+    assert together, "no batch held two prompts' chunks"
+    assert all(len(set(chunks)) == 1 for chunks in together), together
+
+
+def test_even_chunk_is_the_shortest_remainder_within_the_chunk_and_budget():
+    eng = FakeEngine()
+    eng.kv_unified = False
+    with Running(eng, prefill_chunk=64) as (s, _):
+        pass
+    prompts = [SimpleNamespace(phase=Phase.PREFILL, prompt=[0] * n, n_past=p) for n, p in ((300, 0), (120, 100), (90, 0))]
+    s.active = prompts[:1]
+    assert s.even_chunk(512) is None  # one prompt: its own chunk
+    s.active = prompts
+    assert s.even_chunk(512) == 20  # 120 - 100 left of the second
+    s.active = [prompts[0], prompts[2]]
+    assert s.even_chunk(512) == 64 and s.even_chunk(100) == 50 and s.even_chunk(1) == 1
+
+
+def test_in_sequence_order_moves_each_requests_row_with_it():
+    with Running(FakeEngine()) as (s, _):
+        pass
+    decoding, done_prompt, other = SimpleNamespace(row=0), SimpleNamespace(row=2), SimpleNamespace(row=-1)
+    s.active = [decoding, done_prompt, other]
+    out = s._in_sequence_order([10, 11, 12, 13], [5, 0, 1, 7], [3, 1, 1, 2], [True, False, True, True])
+    assert out == ([11, 12, 13, 10], [0, 1, 7, 5], [1, 1, 2, 3], [False, True, True, True])
+    assert (decoding.row, done_prompt.row, other.row) == (3, 1, -1)
 
 
 @pytest.mark.parametrize(
