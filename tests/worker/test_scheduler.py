@@ -348,17 +348,23 @@ def test_split_layout_sorts_rows_by_sequence_and_gives_prompts_equal_chunks():
     assert all(len(set(chunks)) == 1 for chunks in together), together
 
 
-def test_even_chunk_is_the_shortest_remainder_within_the_chunk_and_budget():
+def test_even_chunk_is_the_shortest_remainder_within_the_chunk_and_budget_unless_twice_as_short():
     eng = FakeEngine()
     eng.kv_unified = False
     with Running(eng, prefill_chunk=64) as (s, _):
         pass
-    prompts = [SimpleNamespace(phase=Phase.PREFILL, prompt=[0] * n, n_past=p) for n, p in ((300, 0), (120, 100), (90, 0))]
-    s.active = prompts[:1]
+
+    def prompt(n, done):
+        return SimpleNamespace(phase=Phase.PREFILL, prompt=[0] * n, n_past=done)
+
+    long, short, other = prompt(300, 0), prompt(120, 80), prompt(90, 0)
+    s.active = [long]
     assert s.even_chunk(512) is None  # one prompt: its own chunk
-    s.active = prompts
-    assert s.even_chunk(512) == 20  # 120 - 100 left of the second
-    s.active = [prompts[0], prompts[2]]
+    s.active = [long, short, other]
+    assert s.even_chunk(512) == 40  # 120 - 80 left of the second; 64 of this tick's chunk for the others
+    s.active = [long, prompt(120, 90)]
+    assert s.even_chunk(512) is None  # 30 against 64: the long one would wait for the short one
+    s.active = [long, other]
     assert s.even_chunk(512) == 64 and s.even_chunk(100) == 50 and s.even_chunk(1) == 1
 
 
