@@ -62,12 +62,13 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # (KV memory of a full-attention model), so that a cached prefix can be cut or copied at any
     # length (a shared system prompt out of a longer conversation); false keeps only the window
     swa_full: bool | None = None
-    # true (the default): one KV buffer for all sequences (n_ctx cells per running sequence plus
+    # true: one KV buffer for all sequences (n_ctx cells per running sequence plus
     # max_retained_tokens for the idle ones); every row attends over the cells of all of them, and a
     # prefix copy shares cells. false: a buffer of n_ctx cells per sequence id (running and idle), so
     # no cache slows another sequence's prefill, but a prefix copy copies a whole buffer and each
-    # run of consecutive running sequence ids costs a pass over the weights (README, "KV layout")
-    kv_unified: bool | None = None
+    # run of consecutive running sequence ids costs a pass over the weights. "auto" (the default):
+    # false where that KV cache takes at most 2 GiB (README, "KV layout", "Which layout")
+    kv_unified: bool | Literal["auto"] | None = None
     # how long this model stays loaded after a request that does not say (over the top-level keep_alive)
     keep_alive: str | int | float | None = None
     # KV reuse: tokens idle sequences keep together (least recently used dropped first, into the

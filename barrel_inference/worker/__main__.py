@@ -13,6 +13,10 @@ import time
 import msgspec
 
 
+def _layout(value: str) -> bool | str:
+    return "auto" if value.strip().lower() == "auto" else _truth(value)
+
+
 def _truth(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -62,8 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="llama.cpp's flash attention (off: KV states restore exactly on sliding-window models)")
     p.add_argument("--swa-full", type=_truth, default=False, metavar="true|false",
                    help="sliding-window layers keep every position (prefixes can be cut or copied at any length)")
-    p.add_argument("--kv-unified", type=_truth, default=True, metavar="true|false",
-                   help="one KV buffer for all sequences (false: a buffer of n_ctx cells per sequence id)")
+    p.add_argument("--kv-unified", type=_layout, default="auto", metavar="auto|true|false",
+                   help="one KV buffer for all sequences (false: a buffer of n_ctx cells per sequence id; "
+                        "auto: that where its memory is small)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up decode before ready")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="this worker's CURVE secret key (NAME.key_secret from `bictl worker keygen`); needs --curve-clients")
@@ -181,6 +186,7 @@ def main(argv=None) -> int:
     except (EngineError, TemplateError, UnknownFormat) as exc:
         _log("worker_failed", error=str(exc), model=args.model_name)
         return 2
+    _log("kv_layout", model=args.model_name, kv_unified=engine.kv_unified, why=engine.kv_layout)
     info = EngineInfo(
         profile=profile.name, extra_buffers=profile.extra_buffers, reason=profile.reason,
         weight_buffers=engine.weight_buffers() if hasattr(engine, "weight_buffers") else [],

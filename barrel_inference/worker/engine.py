@@ -18,7 +18,7 @@ import numpy as np
 
 from ..hostinfo import cpu_count
 from ..protocol import Sampling, TokenLogprob
-from . import buildinfo, kvwindow
+from . import buildinfo, kvlayout, kvwindow
 from .grammar_stages import best_allowed
 from .kvselftest import state_selftest
 from .kvstore import model_fingerprint
@@ -117,9 +117,10 @@ class LlamaEngine:
 
     n_ctx is the limit of one sequence (prompt + output). At most n_seq_max sequences run at once;
     n_seq_idle more sequence ids hold idle caches (conversations between turns): n_seq_total exist.
-    kv_unified (the default): one KV buffer of n_ctx * n_seq_max cells (so that no running
-    sequence is ever short of room because others run) plus idle_cells for the idle caches;
-    otherwise a buffer of n_ctx cells per sequence id.
+    kv_unified True: one KV buffer of n_ctx * n_seq_max cells (so that no running sequence is
+    ever short of room because others run) plus idle_cells for the idle caches; False: a buffer of
+    n_ctx cells per sequence id; "auto" (the default): the latter where its memory is small
+    (kvlayout.py; `kv_layout` says why).
     """
 
     def __init__(
@@ -140,7 +141,7 @@ class LlamaEngine:
         swa_full: bool = False,
         n_seq_idle: int = 0,
         idle_cells: int = 0,
-        kv_unified: bool = True,
+        kv_unified: bool | str = "auto",
     ):
         _backend_init()
         mp = L.llama_model_default_params()
@@ -174,7 +175,7 @@ class LlamaEngine:
         self.n_ctx = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
         self.n_seq_max = n_seq_max
         self.n_seq_idle = max(0, min(int(n_seq_idle), MAX_SEQ - n_seq_max))
-        self.kv_unified = bool(kv_unified)
+        self.kv_unified, self.kv_layout = kvlayout.choose(kv_unified, split_bytes=self._split_kv_bytes())
         self.idle_cells = max(0, int(idle_cells)) if self.n_seq_idle and self.kv_unified else 0
         # a copy between KV buffers is queued by llama.cpp and done at the next decode: until then
         # no state is saved from the buffers it writes, nor restored into those it reads or writes
@@ -214,6 +215,14 @@ class LlamaEngine:
         self._create_context()
 
     # ---- metadata -----------------------------------------------------------------------
+    def _split_kv_bytes(self) -> int:
+        """The KV cache a buffer per sequence would take: n_ctx cells for every sequence id."""
+        m, arch = self.model, self.meta("general.architecture") or ""
+        head = L.llama_model_n_embd(m) // max(1, L.llama_model_n_head(m))
+        k, v = (int(self.meta(f"{arch}.attention.{x}_length") or head) for x in ("key", "value"))
+        per_cell = kvlayout.bytes_per_cell(L.llama_model_n_layer(m), L.llama_model_n_head_kv(m), k, v)
+        return per_cell * self.n_ctx * (self.n_seq_max + self.n_seq_idle)
+
     def weight_buffers(self) -> list[str]:
         """Names of the buffer types the model's weights live in (e.g. CPU, CPU_REPACK, AMX, CUDA0)."""
         return list(self._weight_buffers)

@@ -25,6 +25,7 @@ class Engine(Protocol):
     chat_template: str | None
     add_bos: bool
     kv_unified: bool  # one KV buffer for all sequences (else one per sequence id: see seqpool.py)
+    kv_layout: str  # why that layout (kvlayout.py: "set", or what "auto" weighed)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
     def piece(self, token: int, special: bool = False) -> bytes: ...

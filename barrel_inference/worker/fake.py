@@ -36,6 +36,7 @@ class FakeEngine:
     n_swa = 0
     n_seq_idle = 0
     kv_unified = True
+    kv_layout = "set"
 
     def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, n_batch: int = 512, tps: float = 0.0, embed_seconds: float = 0.0,
                  n_seq_idle: int = 0, **_):  # fmt: skip

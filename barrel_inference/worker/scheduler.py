@@ -463,6 +463,7 @@ class Scheduler:
             "n_seq_max": self.pool.max_busy,
             "n_seq_idle": len(self.pool) - self.pool.max_busy,  # sequence ids that only hold idle caches
             "kv_unified": self.engine.kv_unified,  # one KV buffer, or one per sequence
+            "kv_layout": self.engine.kv_layout,  # why (kvlayout.py)
             # a tail's request is answered: its sequence only waits to take the last token in
             "seqs_busy": self.pool.n_busy - tails,
             # KV cells in use: the running requests' committed tokens plus what idle sequences retain

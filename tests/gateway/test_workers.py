@@ -93,7 +93,9 @@ def test_worker_argv_and_slug():
     from barrel_inference.worker.__main__ import parse_args
 
     assert parse_args(["--bind", "x", "--model-name", "g", *kv[-2:]]).kv_unified is False
-    assert parse_args(["--bind", "x", "--model-name", "g"]).kv_unified is True  # one unified buffer unless told
+    assert parse_args(["--bind", "x", "--model-name", "g"]).kv_unified == "auto"  # by the model's KV size unless told
+    auto = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(kv_unified="auto"))
+    assert auto[-2:] == ["--kv-unified", "auto"] and parse_args(["--bind", "x", "--model-name", "g", *auto[-2:]]).kv_unified == "auto"
     assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"

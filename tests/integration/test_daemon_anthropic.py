@@ -175,8 +175,9 @@ def test_forced_tool_use_round_trip_on_control_token_markers(tmp_path):
 async def test_a_cache_control_pin_keeps_a_conversation_that_retention_would_drop(tiny_gguf, tmp_path):
     """Three conversations on three sequences, idle caches limited to 100 tokens and no saved-state tiers:
     retention drops the least recently used unpinned cache. The first conversation marks its prompt with
-    cache_control: it survives (its next turn reads its cache) and the second one goes instead."""
-    defaults = "max_retained_tokens = 100\nkv_ram_bytes = 0\n"
+    cache_control: it survives (its next turn reads its cache) and the second one goes instead. (One KV
+    buffer: retention bounds only that layout, and "auto" gives this small model a buffer per sequence.)"""
+    defaults = "max_retained_tokens = 100\nkv_ram_bytes = 0\nkv_unified = true\n"
     with Daemon(tmp_path, {"tiny": tiny_gguf}, n_seq_max=3, n_ctx=1024, threads=1, defaults=defaults) as d:
         c = client(d, api_key="unused")
 

@@ -204,6 +204,7 @@ def test_the_pool_keeps_running_sequences_neighbours_only_with_a_buffer_per_sequ
     with scheduler(engine) as (s, _):
         assert s.pool.neighbours is not engine.kv_unified
         assert s.stats()["kv_unified"] is engine.kv_unified  # what /api/stats shows
+        assert s.stats()["kv_layout"] == engine.kv_layout == "set"  # and why (the fixture sets it)
 
 
 def test_two_conversations_a_b_a_without_sessions_keep_their_caches(engine, cold_engine):
