@@ -112,7 +112,16 @@ def model_entry(info: Any) -> dict:
         "amx_in_use": "AMX" in buffers,
         "repack_in_use": any(b.endswith("_REPACK") for b in buffers),
         "kv_selftest": getattr(info, "kv_selftest", None),
+        "kv_unified": getattr(info, "kv_unified", None),
+        "kv_layout": getattr(info, "kv_layout", ""),
     }
+
+
+def kv_layout_text(unified: bool | None, why: str) -> str:
+    """One line on the KV layout a model got (kvlayout.py)."""
+    if unified is None:
+        return "unknown (an older worker)"
+    return ("one buffer for all sequences" if unified else "a buffer per sequence") + (f" ({why})" if why else "")
 
 
 def kv_selftest_text(test: dict | None) -> str:
@@ -162,6 +171,7 @@ def render_text(report: dict) -> str:
                 f"weights in {', '.join(m['weight_buffers']) or '?'} ({m['reason']})"
             )
             lines.append(f"  KV restore:   {kv_selftest_text(m.get('kv_selftest'))}")
+            lines.append(f"  KV layout:    {kv_layout_text(m.get('kv_unified'), m.get('kv_layout', ''))}")
     else:
         lines.append("models:         none loaded")
     if report["fallbacks"]:

@@ -44,6 +44,8 @@ class RunningModel(msgspec.Struct):
     engine_reason: str = ""
     weight_buffers: list[str] = []
     kv_selftest: dict | None = None  # does a saved KV state restore exactly (see EngineInfo)
+    kv_unified: bool | None = None  # the KV layout and why (see EngineInfo)
+    kv_layout: str = ""
     replicas: list = []  # ReplicaInfo per replica (gateway/replicas.py)
 
 
@@ -119,6 +121,8 @@ class WorkerHandle:
             engine_reason=h.engine_info.reason if h.engine_info else "",
             weight_buffers=list(h.engine_info.weight_buffers) if h.engine_info else [],
             kv_selftest=h.engine_info.kv_selftest if h.engine_info else None,
+            kv_unified=h.engine_info.kv_unified if h.engine_info else None,
+            kv_layout=h.engine_info.kv_layout if h.engine_info else "",
         )  # fmt: skip
 
     def _expires_at(self) -> float | None:

@@ -296,6 +296,10 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
     # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
     kv_selftest: dict | None = None
+    # the KV layout (True: one buffer for all sequences, False: a buffer per sequence id) and why
+    # (kvlayout.py: "set", or what kv_unified = "auto" weighed); None from older workers
+    kv_unified: bool | None = None
+    kv_layout: str = ""
 
 
 class Hello(msgspec.Struct, tag="hello", tag_field="kind", omit_defaults=True):

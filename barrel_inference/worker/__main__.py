@@ -190,6 +190,7 @@ def main(argv=None) -> int:
     info = EngineInfo(
         profile=profile.name, extra_buffers=profile.extra_buffers, reason=profile.reason,
         weight_buffers=engine.weight_buffers() if hasattr(engine, "weight_buffers") else [],
+        kv_unified=engine.kv_unified, kv_layout=engine.kv_layout,
     )  # fmt: skip
     held: dict = {}
 

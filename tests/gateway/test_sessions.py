@@ -74,6 +74,16 @@ def test_cache_metrics():
     assert 'barrel_inference_kv_tier_bytes{model="tiny",tier="ram"} 0.0' in text  # the latest figures
 
 
+def test_kv_layout_line_of_the_doctor_report():
+    from barrel_inference.sysreport import kv_layout_text
+
+    assert kv_layout_text(False, "auto: a buffer per sequence takes 0.10 GiB of KV, within 2 GiB") == (
+        "a buffer per sequence (auto: a buffer per sequence takes 0.10 GiB of KV, within 2 GiB)"
+    )
+    assert kv_layout_text(True, "set") == "one buffer for all sequences (set)"
+    assert kv_layout_text(None, "").startswith("unknown")
+
+
 def test_kv_selftest_line_of_the_doctor_report():
     from barrel_inference.sysreport import kv_selftest_text
 

@@ -79,6 +79,8 @@ def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
         system = c.get("/api/system").json()  # what `bictl doctor` shows
         (model,) = [m for m in system["models"] if m["name"] == "tiny:latest"]
         assert model["kv_selftest"] == s["kv_selftest"]
+        assert (model["kv_unified"], model["kv_layout"]) == (s["kv_unified"], s["kv_layout"])  # the layout and why
+        assert model["kv_layout"].startswith("auto:")  # nothing set it: "auto" weighed the tiny model's KV size
         metrics = c.get("/metrics").text
         assert 'barrel_inference_cache_hits_total{kind="ram",model="tiny:latest"}' in metrics
         assert 'barrel_inference_cache_misses_total{model="tiny:latest",reason="diverged-at"}' in metrics
