@@ -326,8 +326,17 @@ class Scheduler:
     def _in_sequence_order(self, tokens, pos, seqs, logits):
         """The batch's rows sorted by sequence id (each sequence's rows keep their order), with
         every request's row moved along: with a KV buffer per sequence llama.cpp takes a run of
-        consecutive ids in one pass, and ids in admission order break runs."""
-        order = sorted(range(len(tokens)), key=seqs.__getitem__)
+        consecutive ids in one pass, and ids in admission order break runs. Sequences with one row
+        (decode) and with several (prompt chunks) form two groups, ordered so that no run joins
+        them: a run that did would hold one row of each, and leave the prompt's rows an odd pass
+        (255 rows instead of 256 beside four streams)."""
+        counts: dict[int, int] = {}
+        for q in seqs:
+            counts[q] = counts.get(q, 0) + 1
+        one = [q for q, n in counts.items() if n == 1]
+        many = [q for q, n in counts.items() if n > 1]
+        first = 0 if not one or not many or max(one) + 1 != min(many) else 1  # which group goes first
+        order = sorted(range(len(tokens)), key=lambda i: ((counts[seqs[i]] > 1) != bool(first), seqs[i]))
         moved = [0] * len(order)
         for new, old in enumerate(order):
             moved[old] = new

@@ -338,7 +338,14 @@ def test_split_layout_sorts_rows_by_sequence_and_gives_prompts_equal_chunks():
     for rid, k in offsets.items():
         n = c.done()[rid].usage.completion_tokens
         assert c.text(rid) == expected_text(k, n), rid
-    assert all(seqs == sorted(seqs) for seqs, _ in eng.batches)
+    for seqs, _ in eng.batches:  # two groups (one row a sequence, several), each in id order, no run joining them
+        groups = [[q for q in dict.fromkeys(seqs) if (seqs.count(q) > 1) is many] for many in (False, True)]
+        order = list(dict.fromkeys(seqs))
+        assert all(g == sorted(g) for g in groups), seqs
+        assert order in (groups[0] + groups[1], groups[1] + groups[0]), seqs
+        if all(groups):
+            first, second = groups if order[0] in groups[0] else groups[::-1]
+            assert first[-1] + 1 != second[0], seqs
     together = []
     for seqs, _ in eng.batches:
         chunks = [n for n in (seqs.count(q) for q in set(seqs)) if n > 1]
@@ -373,9 +380,15 @@ def test_in_sequence_order_moves_each_requests_row_with_it():
         pass
     decoding, done_prompt, other = SimpleNamespace(row=0), SimpleNamespace(row=2), SimpleNamespace(row=-1)
     s.active = [decoding, done_prompt, other]
+    # decode rows of 3 and 2, a prompt chunk of 1: the decode group (2, 3) first, then the prompt
     out = s._in_sequence_order([10, 11, 12, 13], [5, 0, 1, 7], [3, 1, 1, 2], [True, False, True, True])
-    assert out == ([11, 12, 13, 10], [0, 1, 7, 5], [1, 1, 2, 3], [False, True, True, True])
-    assert (decoding.row, done_prompt.row, other.row) == (3, 1, -1)
+    assert out == ([13, 10, 11, 12], [7, 5, 0, 1], [2, 3, 1, 1], [True, True, False, True])
+    assert (decoding.row, done_prompt.row, other.row) == (1, 3, -1)
+    # decode rows of 3..6 and a prompt chunk of 7: 6 + 1 would join them in one run, so the prompt goes first
+    decoding.row, done_prompt.row = 1, 6
+    out = s._in_sequence_order([1, 2, 3, 4, 10, 11, 12], [9] * 4 + [0, 1, 2], [6, 5, 4, 3, 7, 7, 7], [True] * 4 + [False, False, True])
+    assert out[2] == [7, 7, 7, 3, 4, 5, 6] and out[1] == [0, 1, 2, 9, 9, 9, 9]
+    assert (decoding.row, done_prompt.row) == (5, 2)
 
 
 @pytest.mark.parametrize(
