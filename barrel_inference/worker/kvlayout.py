@@ -11,7 +11,6 @@ from __future__ import annotations
 
 # "auto" takes a buffer per sequence while its KV cache stays within this many bytes
 AUTO_SPLIT_MAX_BYTES = 2 << 30
-SETTINGS = ("auto", True, False)
 
 
 def bytes_per_cell(n_layer: int, n_head_kv: int, head_k: int, head_v: int, value_bytes: int = 2) -> int:
@@ -24,10 +23,10 @@ def choose(setting, *, split_bytes: int, limit: int | None = None) -> tuple[bool
     """(unified, why) for a kv_unified setting: True / False as set; "auto": a buffer per sequence
     when its cache (split_bytes) is at most `limit` (AUTO_SPLIT_MAX_BYTES), else one buffer."""
     limit = AUTO_SPLIT_MAX_BYTES if limit is None else limit
-    if setting not in SETTINGS:
-        raise ValueError(f"kv_unified must be true, false or \"auto\", not {setting!r}")
     if setting is True or setting is False:
         return setting, "set"
+    if setting != "auto":  # (1 and 0 are not settings either, though they compare equal to bools)
+        raise ValueError(f"kv_unified must be true, false or \"auto\", not {setting!r}")
     gib = split_bytes / (1 << 30)
     if split_bytes <= limit:
         return False, f"auto: a buffer per sequence takes {gib:.2f} GiB of KV, within {limit / (1 << 30):.0f} GiB"

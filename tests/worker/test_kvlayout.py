@@ -21,9 +21,10 @@ def test_choose_takes_a_buffer_per_sequence_where_its_memory_is_small(setting, s
     assert kvlayout.choose(setting, split_bytes=split_bytes) == (unified, why)
 
 
-def test_choose_refuses_an_unknown_setting():
+@pytest.mark.parametrize("setting", ["maybe", 1, 0, None])
+def test_choose_refuses_an_unknown_setting(setting):
     with pytest.raises(ValueError, match="kv_unified"):
-        kvlayout.choose("maybe", split_bytes=0)
+        kvlayout.choose(setting, split_bytes=0)
 
 
 def test_bytes_per_cell_counts_k_and_v_of_every_layer():
