@@ -24,7 +24,6 @@ STREAMS = 4
 
 def _engine(args, **kw):
     from barrel_inference.worker.engine import LlamaEngine
-
     from barrel_inference.worker.engine_profile import resolve
 
     extra = resolve("default", args.extra_buffers).extra_buffers  # as the worker resolves the setting
@@ -85,7 +84,9 @@ def churn(args) -> None:
     for s in range(STREAMS):
         _prefill(e, s, _tokens(rng, 60))
         n[s] = 60
-    step = 256 - STREAMS if args.unified == "true" else 256  # the scheduler's first_chunk
+    from barrel_inference.worker.scheduler import first_chunk
+
+    step = first_chunk(256, STREAMS, args.unified == "true")  # the scheduler's shape
     out = []
     for _ in range(args.prompts):
         seq = free.pop(0)

@@ -175,6 +175,7 @@ class LlamaEngine:
         self.n_ctx = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
         self.n_seq_max = n_seq_max
         self.n_seq_idle = max(0, min(int(n_seq_idle), MAX_SEQ - n_seq_max))
+        self.architecture = self.meta("general.architecture") or "unknown"
         self.kv_unified, self.kv_layout = kvlayout.choose(kv_unified, split_bytes=self._split_kv_bytes())
         self.idle_cells = max(0, int(idle_cells)) if self.n_seq_idle and self.kv_unified else 0
         # a copy between KV buffers is queued by llama.cpp and done at the next decode: until then
@@ -184,7 +185,6 @@ class LlamaEngine:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch or n_batch
         self.threads = threads or cpu_count()  # the cores this process may run on (a replica pinned to a core set)
-        self.architecture = self.meta("general.architecture") or "unknown"
         self.n_swa = L.llama_model_n_swa(self.model) if hasattr(L, "llama_model_n_swa") else 0
         self.bos = L.llama_vocab_bos(self.vocab)
         self.eos = L.llama_vocab_eos(self.vocab)
@@ -217,9 +217,9 @@ class LlamaEngine:
     # ---- metadata -----------------------------------------------------------------------
     def _split_kv_bytes(self) -> int:
         """The KV cache a buffer per sequence would take: n_ctx cells for every sequence id."""
-        m, arch = self.model, self.meta("general.architecture") or ""
+        m = self.model
         head = L.llama_model_n_embd(m) // max(1, L.llama_model_n_head(m))
-        k, v = (int(self.meta(f"{arch}.attention.{x}_length") or head) for x in ("key", "value"))
+        k, v = (int(self.meta(f"{self.architecture}.attention.{x}_length") or head) for x in ("key", "value"))
         per_cell = kvlayout.bytes_per_cell(L.llama_model_n_layer(m), L.llama_model_n_head_kv(m), k, v)
         return per_cell * self.n_ctx * (self.n_seq_max + self.n_seq_idle)
 
