@@ -55,8 +55,9 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
     # llama.cpp's flash attention: "auto" (llama.cpp's choice: on where the device supports it),
-    # "on" or "off". Off costs prefill speed, but saved KV states then restore bit-exactly at any
+    # "on" or "off". Off costs decode speed, but saved KV states then restore bit-exactly at any
     # length on sliding-window models (Gemma 3), so the RAM / disk tiers keep long conversations
+    # (or see kv_restore)
     flash_attn: Literal["auto", "on", "off"] | None = None
     # sliding-window models (Gemma 3): true keeps every position's cells in the window layers too
     # (KV memory of a full-attention model), so that a cached prefix can be cut or copied at any
@@ -81,6 +82,14 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     idle_sequences: int | None = None
     kv_ram_bytes: int | None = None
     kv_disk_bytes: int | None = None
+    # which saved states the tiers restore, by the load-time self-test (README, "Exactness"):
+    # "exact" (the default): only those whose next-token logits match, bit for bit at the worker's
+    # threads, the run that never left the cache. "complete": those that match at one thread, i.e.
+    # hold every cell the model attends to; at more threads llama.cpp's flash attention sums a
+    # restored window in other per-thread shares (Gemma 3 past 512 tokens: logits ~1 apart, as a
+    # batch of other streams beside it moves them), and such a conversation restores instead of
+    # being recomputed
+    kv_restore: Literal["exact", "complete"] | None = None
     # admission (the gateway's per-model queue; not passed to the worker)
     max_queue: int | None = None  # requests waiting for a free sequence before 503 (None: the top-level max_queue)
     queue_timeout_ms: int | None = None  # how long one may wait before 504 queue_timeout
@@ -111,7 +120,8 @@ RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key"
 BUILTIN_MODEL_SETTINGS = ModelSettings(
     n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", flash_attn="auto",
     queue_timeout_ms=60_000,
-    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30, replicas=1, routing="affinity",
+    max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30, kv_restore="exact", replicas=1,
+    routing="affinity",
 )  # fmt: skip
 
 # Claude Code's per-request attribution line: a system-prompt line whose hash changes every request

@@ -125,16 +125,29 @@ def kv_layout_text(unified: bool | None, why: str) -> str:
 
 
 def kv_selftest_text(test: dict | None) -> str:
-    """One line on the load-time KV save/restore check."""
+    """One line on the load-time KV save/restore check and what the tiers restore under kv_restore."""
     if not test:
         return "off (no RAM tier)"
-    probes = ", ".join(f"{p['tokens']} tokens {'exact' if p['exact'] else 'off by %.3g' % p['max_abs_diff']}" for p in test.get("probes", []))
-    limit = test.get("exact_up_to")
-    verdict = "exact" if limit is None else ("not exact: tiers off" if limit == 0 else f"exact up to {limit} tokens (longer states recomputed)")
+
+    def probe(p: dict) -> str:
+        if p["exact"]:
+            return f"{p['tokens']} tokens exact"
+        one = "; exact at one thread" if p.get("complete") else ""
+        return f"{p['tokens']} tokens off by {p['max_abs_diff']:.3g}{one}"
+
+    probes = ", ".join(probe(p) for p in test.get("probes", []))
+    policy = test.get("kv_restore", "exact")
+    word = "complete" if policy == "complete" else "exact"
+    limit = test.get("restore_up_to", test.get("exact_up_to"))
+    verdict = word if limit is None else (f"not {word}: tiers off" if limit == 0 else f"{word} up to {limit} tokens (longer states recomputed)")
     fa = test.get("flash_attn")
     hint = f"; flash_attn {fa}" if fa else ""
-    if limit is not None and fa and fa != "off":
-        hint += " (flash_attn = \"off\" makes restores exact on sliding-window models, at some prefill speed)"
+    if policy == "exact" and limit is not None and test.get("complete_up_to", 0) is None:
+        hint += ' (every state is complete: kv_restore = "complete" restores them at any length)'
+    elif limit is not None and fa and fa != "off":
+        hint += ' (flash_attn = "off" makes restores exact on sliding-window models, at some decode speed)'
+    if policy == "complete" and test.get("exact_up_to") is not None and limit is None:
+        hint += f"; bit for bit up to {test['exact_up_to']} tokens"
     return f"{verdict} ({probes}{hint})"
 
 

@@ -148,19 +148,23 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
     server.stop()
     messages.append({"role": "user", "content": QUESTIONS[1]})
     await start()
+    warm_msgs, cold_msgs = list(messages), list(messages)
     async with LoadClient(server.base_url, server.model_id) as c:
-        warm = await _turn(c, list(messages), max_tokens, "restart")
+        warm = await _turn(c, warm_msgs, max_tokens, "restart")
         stats = await c.get_json(server.stats_path)
     server.stop()
     shutil.rmtree(kv_dir, ignore_errors=True)
     await start()
     async with LoadClient(server.base_url, server.model_id) as c:
-        cold = await _turn(c, list(messages), max_tokens, "restart")
+        cold = await _turn(c, cold_msgs, max_tokens, "restart")
     server.stop()
     shutil.rmtree(kv_dir, ignore_errors=True)  # what the cold run saved at exit
     hits = ((stats or {}).get("stats") or {}).get("cache", {}).get("hits", {})
     ratio = cold["ttft_ms"] / warm["ttft_ms"] if warm["ttft_ms"] and cold["ttft_ms"] else None
-    return {"turn1": first, "restored": warm, "cold": cold, "disk_hits": hits.get("disk"), "cold_over_restored": ratio}
+    # greedy: the restored turn's text against the cold one's (the same unless the logits moved enough)
+    same = warm_msgs[-1]["content"] == cold_msgs[-1]["content"]
+    return {"turn1": first, "restored": warm, "cold": cold, "disk_hits": hits.get("disk"), "cold_over_restored": ratio,
+            "same_text": same}  # fmt: skip
 
 
 async def _workloads(server: systems.Server, args, count, system: str, which: list[str], out: dict) -> None:
@@ -227,12 +231,14 @@ async def run(args) -> dict:
     shape = systems.Shape(model_path=model_path, threads=args.threads, ctx_per_seq=args.ctx, parallel=args.parallel,
                           flash_attn=args.flash_attn, prefill_chunk=args.prefill_chunk,
                           max_retained_tokens=args.max_retained_tokens, swa_full=args.swa_full,
-                          idle_sequences=args.idle_sequences, kv_unified=systems.truth(args.kv_unified))
+                          idle_sequences=args.idle_sequences, kv_unified=systems.truth(args.kv_unified),
+                          kv_restore=args.kv_restore)
     results = {"meta": {"model": str(model_path), "system_tokens": count(system), "threads": args.threads,
                         "ctx_per_seq": args.ctx, "parallel": args.parallel, "d_parallel": args.d_parallel,
                         "flash_attn": args.flash_attn, "prefill_chunk": args.prefill_chunk, "retained": args.retained,
                         "max_retained_tokens": args.max_retained_tokens, "swa_full": args.swa_full,
-                        "idle_sequences": args.idle_sequences, "kv_unified": args.kv_unified, "agents": args.agents,
+                        "idle_sequences": args.idle_sequences, "kv_unified": args.kv_unified, "kv_restore": args.kv_restore,
+                        "agents": args.agents,
                         "turns": args.turns, "command": "python -m bench.kv " + " ".join(sys.argv[1:]),
                         "logs": str(work)},
                "systems": {}}  # fmt: skip
@@ -290,6 +296,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="one KV buffer for all sequences (true) or one per sequence (false), in every system; default: each one\'s own")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
+    p.add_argument("--kv-restore", choices=("exact", "complete"), default=None,
+                   help="ours: which saved states the tiers restore (default: the daemon's, exact)")
     p.add_argument("--start-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]

@@ -55,6 +55,7 @@ class Shape:
     # one KV buffer for all sequences or one per sequence (ours: kv_unified; llama-server: --kv-unified);
     # None: each system's default (ours unified, llama-server one per sequence)
     kv_unified: bool | None = None
+    kv_restore: str | None = None  # ours only: "exact" / "complete" (None: the daemon's default, exact)
 
 
 @dataclass
@@ -162,6 +163,7 @@ def ours(shape: Shape, model_name: str, cache_dir: Path, work: Path) -> Server:
             *(["swa_full = true"] if shape.swa_full else []),
             *([f"idle_sequences = {shape.idle_sequences}"] if shape.idle_sequences is not None else []),
             *([f"kv_unified = {str(shape.kv_unified).lower()}"] if shape.kv_unified is not None else []),
+            *([f'kv_restore = "{shape.kv_restore}"'] if shape.kv_restore is not None else []),
             "",
         ])
     )  # fmt: skip

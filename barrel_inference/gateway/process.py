@@ -50,6 +50,7 @@ _FLAGS = {
     "idle_sequences": "--idle-sequences",
     "kv_ram_bytes": "--kv-ram-bytes",
     "kv_disk_bytes": "--kv-disk-bytes",
+    "kv_restore": "--kv-restore",
     "extra_buffers": "--extra-buffers",
     "flash_attn": "--flash-attn",
     "swa_full": "--swa-full",

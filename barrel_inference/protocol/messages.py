@@ -293,8 +293,10 @@ class EngineInfo(msgspec.Struct, omit_defaults=True):
     system_info: str = ""  # llama.cpp's llama_print_system_info()
     llama_cpp_version: str = ""
     warmup_ms: float = 0.0
-    # the load-time check that a saved KV state restores exactly: {"exact_up_to": tokens or None
-    # (no limit), "probes": [{"tokens", "exact", "max_abs_diff"}]}; None when the tiers are off
+    # the load-time check that a saved KV state restores exactly: {"exact_up_to" / "complete_up_to":
+    # tokens or None (no limit), "probes": [{"tokens", "exact", "complete", "max_abs_diff"}],
+    # "flash_attn", "kv_restore": the policy, "restore_up_to": what the tiers keep under it}; None
+    # when the tiers are off (see worker/kvselftest.py)
     kv_selftest: dict | None = None
     # the KV layout (True: one buffer for all sequences, False: a buffer per sequence id) and why
     # (kvlayout.py: "set", or what kv_unified = "auto" weighed); None from older workers

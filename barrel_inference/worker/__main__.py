@@ -27,6 +27,8 @@ def _truth(value: str) -> bool:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from .kvselftest import RESTORE_POLICIES
+
     p = argparse.ArgumentParser(prog="barrel_inference.worker", description="barrel-inference model worker")
     p.add_argument("--system-info", action="store_true", help="print the llama.cpp build's facts as JSON and exit")
     p.add_argument("--bind", default="", help="ipc:///path/to.sock or tcp://host:port")
@@ -58,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-ram-bytes", type=int, default=0, help="RAM tier of saved sequence states (0 = off)")
     p.add_argument("--kv-disk-bytes", type=int, default=0, help="disk tier of saved sequence states (0 = off)")
     p.add_argument("--kv-dir", default=None, help="directory of the disk tier")
+    p.add_argument("--kv-restore", choices=RESTORE_POLICIES, default="exact",
+                   help="saved states the tiers restore: exact (bit for bit at these threads) or complete (at one "
+                        "thread: every attended cell; flash attention may sum them in other shares)")
     p.add_argument("--engine-profile", choices=("default", "safe"), default="default",
                    help="safe: llama.cpp's extra buffer types off whatever --extra-buffers says")
     p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
@@ -252,7 +257,7 @@ def serve_engine(args, engine, template, tools, info, profile, t0: float, held: 
             engine, template, model=args.model_name, bind=args.bind, n_ctx=n_ctx, prefill_chunk=args.prefill_chunk,
             log=_log, tools=tools, engine_info=info, insecure=args.insecure, content_special=args.content_special,
             max_retained_tokens=args.max_retained_tokens, kv_ram_bytes=args.kv_ram_bytes, kv_disk_bytes=args.kv_disk_bytes,
-            kv_dir=args.kv_dir, tail_grace_ms=args.tail_grace_ms,
+            kv_dir=args.kv_dir, tail_grace_ms=args.tail_grace_ms, kv_restore=args.kv_restore,
             curve=(args.curve_secret_key, args.curve_clients) if args.curve_secret_key else None,
         )  # fmt: skip
     except CurveError as exc:

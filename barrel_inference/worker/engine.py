@@ -440,6 +440,12 @@ class LlamaEngine:
         """Does a saved sequence state restore exactly? (kvselftest.py; run on an idle context)"""
         return state_selftest(self)
 
+    def set_threads(self, n: int | None) -> None:
+        """Threads for the decodes that follow (None: the engine's own). The KV self-test decodes
+        at one thread, where flash attention sums a token's cells in one share (kvselftest.py)."""
+        k = n or self.threads
+        L.llama_set_n_threads(self.ctx, k, k)
+
     def logits(self, row: int) -> np.ndarray:
         """The logits of batch row `row` (a view, valid until the next decode)."""
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))

@@ -166,7 +166,10 @@ class FakeEngine:
         return {"model": "fake", "n_ctx": self.n_ctx}
 
     def state_selftest(self) -> dict:
-        return {"exact_up_to": None, "probes": []}
+        return {"exact_up_to": None, "complete_up_to": None, "probes": []}
+
+    def set_threads(self, n: int | None) -> None:
+        pass  # the fake's numbers do not depend on threads
 
     def recreate_context(self) -> None:
         self._match = [[0] for _ in range(self.n_seq_total)]

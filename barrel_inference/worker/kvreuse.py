@@ -39,16 +39,16 @@ class SessionRec:
 
 class KvReuse:
     def __init__(self, engine, *, n_seq: int, store: KvStore | None = None, max_retained_tokens: int | None = None,
-                 exact_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic,
+                 restore_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic,
                  max_busy: int | None = None):  # fmt: skip
         self.engine = engine
         # clock: seconds, for pins (tests pass a fake one)
         self.pool = SeqPool(n_seq, clock, max_busy, neighbours=not engine.kv_unified)
-        self.store = store if store is not None and store.enabled and exact_up_to != 0 else None
+        self.store = store if store is not None and store.enabled and restore_up_to != 0 else None
         # the bound keeps retained caches from widening what every row of one unified KV buffer
         # attends over; with a buffer per sequence they cost nothing (their cells are there anyway)
         self.max_retained = max_retained_tokens if engine.kv_unified else None
-        self.exact_up_to = exact_up_to  # None: restores are exact at any length
+        self.restore_up_to = restore_up_to  # the longest state the tiers keep (kvselftest.restore_limit); None: any
         self.template_id = template_id
         self.log = log or (lambda *a, **k: None)
         self.sessions: OrderedDict[str, SessionRec] = OrderedDict()
@@ -196,7 +196,7 @@ class KvReuse:
         self.evictions += count
         n = len(ev.tokens)
         store = self.store
-        if store is None or n < MIN_SAVE or (self.exact_up_to is not None and n > self.exact_up_to):
+        if store is None or n < MIN_SAVE or (self.restore_up_to is not None and n > self.restore_up_to):
             return
         found, n_have = store.find(ev.tokens)
         if found is not None and n_have == n == found.n:

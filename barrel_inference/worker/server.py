@@ -37,6 +37,7 @@ from .kvreuse import KvReuse
 from .kvstore import KvStore
 from .prompt import PromptBuilder, PromptError
 from .request import Request
+from .kvselftest import restore_limit
 from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
 from .toolhook import PlanError, template_switches
@@ -51,7 +52,7 @@ class WorkerServer:
                  curve: tuple[str, str] | None = None, insecure: bool = False,
                  content_special: bool = False, prep_threads: int = 2,
                  max_retained_tokens: int | None = None, kv_ram_bytes: int = 0, kv_disk_bytes: int = 0,
-                 tail_grace_ms: float = 0.0,
+                 tail_grace_ms: float = 0.0, kv_restore: str = "exact",
                  kv_dir: str | None = None):  # fmt: skip
         if bind.startswith("tcp://") and curve is None and not insecure:
             raise ValueError(
@@ -83,22 +84,25 @@ class WorkerServer:
         os.set_blocking(self._wake_w, False)
         self.kv_selftest: dict | None = None
         self.store: KvStore | None = None
-        exact_up_to = None
+        restore_up_to = restore_limit(None, kv_restore)  # refuses an unknown policy before any work
         if kv_ram_bytes > 0:
-            # restoring a saved state must reproduce the logits of the run that made it: checked
-            # once per model; where it holds only up to some length, longer states are not saved
-            self.kv_selftest = engine.state_selftest()
-            exact_up_to = self.kv_selftest["exact_up_to"]
+            # restoring a saved state must reproduce the logits of the run that made it (kv_restore
+            # = "exact"), or at least at one thread ("complete"): checked once per model; where it
+            # holds only up to some length, longer states are not saved
+            self.kv_selftest = {**engine.state_selftest(), "kv_restore": kv_restore}
+            restore_up_to = restore_limit(self.kv_selftest, kv_restore)
+            self.kv_selftest["restore_up_to"] = restore_up_to
             self.log("kv_selftest", model=model, **self.kv_selftest)
             if self.engine_info is not None:
                 self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
         template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
-        if kv_ram_bytes > 0 and exact_up_to != 0:
-            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk}
+        if kv_ram_bytes > 0 and restore_up_to != 0:
+            # entries saved under another limit (kv_restore changed) are not restored under this one
+            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk, "restore_up_to": restore_up_to}
             self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
                                  directory=kv_dir, log=self.log, template=template_id)  # fmt: skip
         reuse = KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, store=self.store,
-                        max_retained_tokens=max_retained_tokens, exact_up_to=exact_up_to, template_id=template_id,
+                        max_retained_tokens=max_retained_tokens, restore_up_to=restore_up_to, template_id=template_id,
                         log=self.log)  # fmt: skip
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse,
                                    tail_grace_s=tail_grace_ms / 1000.0)  # fmt: skip

@@ -94,5 +94,18 @@ def test_kv_selftest_line_of_the_doctor_report():
                                          {"tokens": 576, "exact": False, "max_abs_diff": 1.5}]}  # fmt: skip
     assert kv_selftest_text(swa) == "exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 1.5)"
     line = kv_selftest_text({**swa, "flash_attn": "auto"})
-    assert line.endswith('576 tokens off by 1.5; flash_attn auto (flash_attn = "off" makes restores exact on sliding-window models, at some prefill speed))')
+    assert line.endswith('576 tokens off by 1.5; flash_attn auto (flash_attn = "off" makes restores exact on sliding-window models, at some decode speed))')
     assert kv_selftest_text({**exact, "flash_attn": "off"}) == "exact (256 tokens exact; flash_attn off)"
+    # a state that matches at one thread: complete, which kv_restore = "complete" restores
+    gemma = {"exact_up_to": 512, "complete_up_to": None, "flash_attn": "on", "probes": [
+        {"tokens": 512, "exact": True, "complete": True, "max_abs_diff": 0.0},
+        {"tokens": 576, "exact": False, "complete": True, "max_abs_diff": 5.4}]}  # fmt: skip
+    strict = kv_selftest_text({**gemma, "kv_restore": "exact", "restore_up_to": 512})
+    assert strict == ("exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 5.4; exact at one "
+                      'thread; flash_attn on (every state is complete: kv_restore = "complete" restores them at any length))')
+    loose = kv_selftest_text({**gemma, "kv_restore": "complete", "restore_up_to": None})
+    assert loose == ("complete (512 tokens exact, 576 tokens off by 5.4; exact at one thread; flash_attn on; bit for bit up to "
+                     "512 tokens)")
+    lost = {**gemma, "complete_up_to": 512, "kv_restore": "complete", "restore_up_to": 512,
+            "probes": [gemma["probes"][0], {**gemma["probes"][1], "complete": False}]}  # fmt: skip
+    assert kv_selftest_text(lost).startswith("complete up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 5.4; flash_attn on (")

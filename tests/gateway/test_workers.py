@@ -97,6 +97,10 @@ def test_worker_argv_and_slug():
     auto = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(kv_unified="auto"))
     assert auto[-2:] == ["--kv-unified", "auto"] and parse_args(["--bind", "x", "--model-name", "g", *auto[-2:]]).kv_unified == "auto"
     assert engine_options(Settings(defaults=ModelSettings(flash_attn="off")), StubRecord("x:1")).flash_attn == "off"
+    kr = worker_argv(["w"], "ipc:///r/a.sock", StubRecord("a:b", path=Path("/m.gguf")), ModelSettings(kv_restore="complete"))
+    assert kr[-2:] == ["--kv-restore", "complete"] and parse_args(["--bind", "x", "--model-name", "g", *kr[-2:]]).kv_restore == "complete"
+    assert engine_options(Settings(), StubRecord("x:1")).kv_restore == "exact"  # bit for bit unless told
+    assert parse_args(["--bind", "x", "--model-name", "g"]).kv_restore == "exact"
     assert slug("hf.co/org/Model-GGUF:Q4_K_M") == "hf.co-org-Model-GGUF-Q4_K_M"
     assert ipc_endpoint("/run/x", "gemma3:270m") == "ipc:///run/x/gemma3-270m.sock"
     long_a, long_b = ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q4"), ipc_endpoint("/run/x", "hf.co/" + "a" * 200 + ":q5")

@@ -134,7 +134,7 @@ class Conversation:
 def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t"):
     engine.recreate_context()
     reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_total, store=store, max_retained_tokens=max_retained,
-                    exact_up_to=None, template_id=template, max_busy=engine.n_seq_max)  # fmt: skip
+                    restore_up_to=None, template_id=template, max_busy=engine.n_seq_max)  # fmt: skip
     run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded

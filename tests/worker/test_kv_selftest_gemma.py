@@ -1,6 +1,8 @@
 """The load-time KV restore self-test on Gemma 3 (sliding window 512): with llama.cpp's flash
-attention a state restored into other cells reproduces the logits only within the window; without
-it the restore is bit-exact beyond it, so the tiers can keep long conversations."""
+attention a state restored into other cells reproduces the logits bit for bit only within the
+window at two threads, but at any length at one thread (the state is complete; two threads sum
+a moved window in other shares); without it the restore is bit-exact beyond the window, so the
+tiers can keep long conversations."""
 
 from __future__ import annotations
 
@@ -24,15 +26,18 @@ def selftest(gguf, flash_attn: str) -> dict:
 def test_flash_attention_off_makes_gemma_restores_exact_beyond_the_window(gemma_gguf):
     off = selftest(gemma_gguf, "off")
     assert [p["tokens"] for p in off["probes"]] == [512, 576]
-    assert off["exact_up_to"] is None, off
-    assert all(p["exact"] and p["max_abs_diff"] == 0.0 for p in off["probes"])
+    assert off["exact_up_to"] is None and off["complete_up_to"] is None, off
+    assert all(p["exact"] and p["complete"] and p["max_abs_diff"] == 0.0 for p in off["probes"])
     assert off["flash_attn"] == "off"
 
 
-def test_flash_attention_on_limits_gemma_restores_to_the_window(gemma_gguf):
+def test_flash_attention_on_limits_gemma_restores_to_the_window_yet_they_are_complete(gemma_gguf):
     on = selftest(gemma_gguf, "on")
     assert on["exact_up_to"] == 512, on
     assert on["probes"][1]["max_abs_diff"] > 0.0
+    # at one thread the restored window gives the same logits bit for bit: nothing is missing
+    assert on["complete_up_to"] is None, on
+    assert [p["complete"] for p in on["probes"]] == [True, True]
 
 
 def test_an_unknown_flash_attn_setting_is_refused(gemma_gguf):
