@@ -55,7 +55,7 @@ class ModelSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     # AMX, whose layouts crash llama.cpp on common quantisations; on elsewhere), "on" or "off"
     extra_buffers: Literal["auto", "on", "off"] | None = None
     # llama.cpp's flash attention: "auto" (llama.cpp's choice: on where the device supports it),
-    # "on" or "off". Off costs decode speed, but saved KV states then restore bit-exactly at any
+    # "on" or "off". Off costs some speed, but saved KV states then restore bit-exactly at any
     # length on sliding-window models (Gemma 3), so the RAM / disk tiers keep long conversations
     # (or see kv_restore)
     flash_attn: Literal["auto", "on", "off"] | None = None

@@ -145,7 +145,7 @@ def kv_selftest_text(test: dict | None) -> str:
     if policy == "exact" and limit is not None and test.get("complete_up_to", 0) is None:
         hint += ' (every state is complete: kv_restore = "complete" restores them at any length)'
     elif limit is not None and fa and fa != "off":
-        hint += ' (flash_attn = "off" makes restores exact on sliding-window models, at some decode speed)'
+        hint += ' (flash_attn = "off" makes restores exact on sliding-window models, at some speed)'
     if policy == "complete" and test.get("exact_up_to") is not None and limit is None:
         hint += f"; bit for bit up to {test['exact_up_to']} tokens"
     return f"{verdict} ({probes}{hint})"

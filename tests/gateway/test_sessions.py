@@ -94,7 +94,7 @@ def test_kv_selftest_line_of_the_doctor_report():
                                          {"tokens": 576, "exact": False, "max_abs_diff": 1.5}]}  # fmt: skip
     assert kv_selftest_text(swa) == "exact up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 1.5)"
     line = kv_selftest_text({**swa, "flash_attn": "auto"})
-    assert line.endswith('576 tokens off by 1.5; flash_attn auto (flash_attn = "off" makes restores exact on sliding-window models, at some decode speed))')
+    assert line.endswith('576 tokens off by 1.5; flash_attn auto (flash_attn = "off" makes restores exact on sliding-window models, at some speed))')
     assert kv_selftest_text({**exact, "flash_attn": "off"}) == "exact (256 tokens exact; flash_attn off)"
     # a state that matches at one thread: complete, which kv_restore = "complete" restores
     gemma = {"exact_up_to": 512, "complete_up_to": None, "flash_attn": "on", "probes": [
