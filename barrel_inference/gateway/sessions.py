@@ -73,10 +73,12 @@ class PromptNormalizer:
 
 
 def prepare(submit: Submit, normalizer: PromptNormalizer | None, headers: Mapping[str, str] | None = None) -> Submit:
-    """What every family does to a Submit before it goes out: the session id (unless the family set
-    one from its own fields) and normalised system messages."""
-    if submit.session is None and headers is not None:
-        submit.session = session_id(headers)
+    """What every family does to a Submit before it goes out: the session id (a session header's;
+    else what the family derived from its own fields, such as Anthropic's metadata.user_id) and
+    normalised system messages."""
+    named = session_id(headers) if headers is not None else None
+    if named is not None:
+        submit.session = named
     if normalizer is not None:
         normalizer.apply(submit)
     return submit

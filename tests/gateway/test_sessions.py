@@ -58,7 +58,10 @@ def test_prepare_sets_session_and_normalises():
     assert s.session == "h:abc" and s.messages[0].content == "sys"
     keep = Submit("r2", prompt="hi", session="u:given")
     prepare(keep, None, {"x-session-id": "abc"})
-    assert keep.session == "u:given"  # a family's own derivation is kept
+    assert keep.session == "h:abc"  # a session header beats a family's own derivation (metadata.user_id)
+    own = Submit("r3", prompt="hi", session="u:given")
+    prepare(own, None, {"user-agent": "claude-cli"})
+    assert own.session == "u:given"  # which stands without one
     assert re.compile(CLAUDE_CODE_ATTRIBUTION)
 
 

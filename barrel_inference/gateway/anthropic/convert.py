@@ -17,6 +17,7 @@ import msgspec
 
 from ...protocol import ChatMessage, Sampling, Submit, ToolCall
 from ..errors import invalid, unsupported
+from ..sessions import session_id
 from .wire import Block, Message, MessagesRequest, Tool, _Prompt
 
 TOOL_ID_PREFIX = "toolu_"
@@ -277,11 +278,16 @@ def pin_ttl_of(req: _Prompt) -> float:
 def to_submit(req: MessagesRequest, request_id: str) -> Submit:
     _check_model(req)
     pin = pin_ttl_of(req)
+    messages = messages_of(req)
+    # a client that names its user (Claude Code does) gets a session without a session header:
+    # that user's id with the conversation's first user message (a session header still wins)
+    user = req.metadata.user_id if req.metadata is not None else None
     return Submit(
         **({"pin_ttl_s": pin} if pin and "pin_ttl_s" in Submit.__struct_fields__ else {}),
         **_submit_options(req),
         id=request_id,
-        messages=messages_of(req),
+        session=session_id(user_id=user, messages=messages),
+        messages=messages,
         tools=tools_of(req),
         sampling=sampling_of(req),
         stop=stop_of(req),

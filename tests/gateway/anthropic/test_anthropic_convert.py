@@ -60,6 +60,20 @@ def test_sampling_stop_and_ignored_fields():
     assert s.stop == ["END", "\n\nHuman:"]
 
 
+def test_metadata_user_id_with_the_first_user_message_is_the_session():
+    """A client that names its user (Claude Code sends metadata.user_id) gets a session without any
+    session header: every turn of one conversation the same, another conversation of that user
+    (another first user message) its own, and none without a user id."""
+    turn1 = [{"role": "user", "content": "fix the bug"}]
+    turn2 = turn1 + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "and test it"}]
+    a1 = submit(messages=turn1, metadata={"user_id": "user_1_session_9"}, system="You are Claude Code.")
+    a2 = submit(messages=turn2, metadata={"user_id": "user_1_session_9"}, system="You are Claude Code.")
+    assert a1.session is not None and a1.session.startswith("u:") and a1.session == a2.session
+    assert submit(messages=[{"role": "user", "content": "write docs"}], metadata={"user_id": "user_1_session_9"}).session != a1.session
+    assert submit(messages=turn1, metadata={"user_id": "user_2_session_1"}).session != a1.session
+    assert submit(messages=turn1).session is None and submit(messages=turn1, metadata={}).session is None
+
+
 def test_structured_output_becomes_a_json_schema_constraint():
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     assert submit(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}).json_schema == schema

@@ -131,6 +131,27 @@ async def test_cache_creation_is_what_the_worker_says_it_kept(gw, fake_worker):
     assert r.json()["usage"]["cache_creation"] == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 4}
 
 
+async def test_metadata_user_id_gives_the_worker_a_session_and_a_session_header_beats_it(gw, fake_worker):
+    """Through the SDK and the gateway: Claude Code names no session header, but sends
+    metadata.user_id; both turns of its conversation reach the worker under one session, and the
+    Claude Code attribution line is out of the system prompt."""
+    client = sdk(gw)
+    system = "x-anthropic-billing-header: cc_version=2.0.1; cch=ab12;\nYou are Claude Code."
+    turn1 = user("fix the bug")
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=turn1, system=system, metadata={"user_id": "user_7_session_3"})
+    first = fake_worker.submits[-1]
+    turn2 = turn1 + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "now test it"}]
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=turn2, system=system, metadata={"user_id": "user_7_session_3"})
+    second = fake_worker.submits[-1]
+    assert first.session is not None and first.session.startswith("u:") and second.session == first.session
+    assert first.messages[0].content == "You are Claude Code."
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=turn1, metadata={"user_id": "user_7_session_3"},
+                                 extra_headers={"x-session-id": "mine"})  # fmt: skip
+    assert fake_worker.submits[-1].session == "h:mine"
+    await client.messages.create(model=ALIAS, max_tokens=8, messages=turn1)
+    assert fake_worker.submits[-1].session is None  # nothing names it: prefix matching alone
+
+
 async def test_cache_control_marks_pin_the_cache_for_their_ttl(gw, fake_worker):
     client = sdk(gw)
     await client.messages.create(model=ALIAS, max_tokens=8, messages=user("no marks"))
