@@ -17,6 +17,7 @@ of the prompt) come back one per tick; max_tokens cuts with finish_reason length
   GARBLE   -> a Tick naming the request that this protocol version cannot decode (an unknown part
               type), then the request's remaining words as if nothing happened
   NOKEEP   -> the request's cache is not kept (its Done says it committed nothing)
+  EVICTED  -> the worker explains a cache miss: Accepted.cache_miss and CacheInfo.miss "evicted"
 Every request is first answered with Accepted (prompt tokens = words of the messages + one per tool,
 cached 2); CountTokens of messages counts the same way. A request's Done says its evaluated prompt
 tokens (prompt - cached) stay cached for the next one (CacheInfo.committed_tokens), as a real worker
@@ -196,7 +197,9 @@ class FakeWorker:
                 err = ErrorInfo(ErrorCode.CONTEXT_LENGTH, f"the prompt ({prompt_tokens} tokens) is longer than the context (4)", param="messages")  # fmt: skip
                 await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=FinishReason.ERROR, usage=usage, error=err)]))
                 return
-            await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512)]))
+            miss = "evicted" if "EVICTED" in words else ""
+            await self._send(peer, Tick(accepted=[Accepted(id=s.id, prompt_tokens=prompt_tokens, cached_tokens=usage.cached_tokens, n_ctx=512,
+                                                           cache_miss=miss)]))  # fmt: skip
             n = n_calls = 0
             for word in words:
                 if word == "SLOW":
@@ -239,7 +242,7 @@ class FakeWorker:
             usage.completion_tokens = n
             reason = FinishReason.TOOL_CALLS if n_calls else FinishReason.STOP
             evaluated = usage.prompt_tokens - usage.cached_tokens
-            cache = CacheInfo(kind="prefix", evaluated_tokens=evaluated, committed_tokens=0 if "NOKEEP" in words else evaluated)
+            cache = CacheInfo(kind="prefix", evaluated_tokens=evaluated, committed_tokens=0 if "NOKEEP" in words else evaluated, miss=miss)
             await self._send(peer, Tick(done=[Done(id=s.id, finish_reason=reason, usage=usage, timings=Timings(1.0, 2.0, 3.0), cache=cache)]))  # fmt: skip
         finally:
             self._running.pop(s.id, None)

@@ -255,6 +255,18 @@ async def test_health_and_metrics(gateway):
     assert 'barrel_inference_active_streams{model="fake:latest"} 0.0' in m
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_explained_miss_reaches_the_header_the_log_line_and_the_metrics(gateway, stream):
+    r = await gateway.client.post("/v1/chat/completions", json=chat_body("a EVICTED c", stream=stream), headers={"x-session-id": "s1"})
+    assert r.status_code == 200 and r.headers["x-cache-miss"] == "evicted"
+    (line,) = gateway.logs.events("request")
+    assert line["cache_miss"] == "evicted" and line["cache"] == "prefix"
+    m = (await gateway.client.get("/metrics")).text
+    assert 'barrel_inference_cache_misses_total{model="fake:latest",reason="evicted"} 1.0' in m
+    ok = await gateway.client.post("/v1/chat/completions", json=chat_body("a b c", stream=stream), headers={"x-session-id": "s1"})
+    assert "x-cache-miss" not in ok.headers and "cache_miss" not in gateway.logs.events("request")[-1]
+
+
 async def test_one_log_line_per_request(gateway):
     r = await gateway.client.post("/v1/chat/completions", json=chat_body("a b c"), headers={"x-request-id": "my-req-1"})
     assert r.headers["x-request-id"] == "my-req-1"

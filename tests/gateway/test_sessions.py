@@ -75,6 +75,16 @@ def test_cache_metrics():
     assert 'barrel_inference_cache_misses_total{model="tiny",reason="diverged-at"} 1.0' in text
     assert 'barrel_inference_kv_evictions_total{model="tiny"} 3.0' in text
     assert 'barrel_inference_kv_tier_bytes{model="tiny",tier="ram"} 0.0' in text  # the latest figures
+    m.record_cache("tiny", CacheInfo("disk", evaluated_tokens=1, ram_bytes=300, ram_entries=2, disk_bytes=900, disk_entries=5,
+                                     evictions=4))  # fmt: skip
+    text = m.render().decode()
+    for line in ('barrel_inference_cache_hits_total{kind="disk",model="tiny"} 1.0',
+                 'barrel_inference_kv_tier_bytes{model="tiny",tier="ram"} 300.0',
+                 'barrel_inference_kv_tier_entries{model="tiny",tier="ram"} 2.0',
+                 'barrel_inference_kv_tier_bytes{model="tiny",tier="disk"} 900.0',
+                 'barrel_inference_kv_tier_entries{model="tiny",tier="disk"} 5.0',
+                 'barrel_inference_kv_evictions_total{model="tiny"} 4.0'):  # fmt: skip
+        assert line in text, line
 
 
 def test_kv_layout_line_of_the_doctor_report():

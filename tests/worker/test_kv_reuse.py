@@ -131,10 +131,10 @@ class Conversation:
             assert self.history[k][1] >= len(prev_prompt) + n_gen, (self.name, k, self.kinds[k])
 
 
-def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t"):
+def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t", restore_up_to=None, log=None):
     engine.recreate_context()
     reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_total, store=store, max_retained_tokens=max_retained,
-                    restore_up_to=None, template_id=template, max_busy=engine.n_seq_max)  # fmt: skip
+                    restore_up_to=restore_up_to, template_id=template, max_busy=engine.n_seq_max, log=log)  # fmt: skip
     run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded
@@ -251,6 +251,23 @@ def test_ram_restore_with_more_conversations_than_sequences_equals_cold(engine, 
     assert store.stats()["ram_entries"] >= 3
 
 
+def test_the_tiers_keep_no_state_longer_than_the_selftest_allows(engine):
+    """The round robin above with the self-test's limit (kvselftest.restore_limit) below what the
+    conversations hold: no state of theirs is saved, so no turn restores one (each recomputes what
+    no sequence still holds), and a limit of 0 turns the tiers off."""
+    store = make_store(engine, None)
+    convs = [Conversation(engine, n, session=n) for n in ("x", "y", "z")]
+    with scheduler(engine, store=store, restore_up_to=64) as (s, c):
+        for i in range(3):
+            for conv in convs:
+                conv.turn(s, c, f"round {i}")
+    assert all(len(conv.history[0][0]) > 64 for conv in convs)
+    for conv in convs:
+        assert not {"ram", "disk"} & set(conv.kinds), conv.kinds
+    assert store.stats()["ram_entries"] == 0
+    assert KvReuse(engine, n_seq=2, store=make_store(engine, None), restore_up_to=0, max_busy=2).store is None
+
+
 def test_disk_restore_after_restart_equals_cold_and_survives_only_same_settings(engine, cold_engine, tmp_path):
     conv = Conversation(engine, "d", session="D")
     store = make_store(engine, tmp_path)
@@ -323,7 +340,8 @@ def test_retention_bound_moves_idle_caches_to_ram_and_back(engine, cold_engine):
 
 
 def test_misses_are_explained(engine):
-    with scheduler(engine, n_seq=1) as (s, c):  # no tiers: an evicted cache is lost
+    logged = []
+    with scheduler(engine, n_seq=1, log=lambda event, **kw: logged.append((event, kw))) as (s, c):  # no tiers: an evicted cache is lost
         a, b = Conversation(engine, "ma", session="MA"), Conversation(engine, "mb", session="MB")
         a.turn(s, c, "one")
         b.turn(s, c, "one")
@@ -333,6 +351,8 @@ def test_misses_are_explained(engine):
         a.turn(s, c, "three")
         prompt = a.history[-2][0]
         assert a.misses[2] == f"diverged-at={len(prompt) - 5}"
+    misses = [(kw["session"], kw["reason"]) for event, kw in logged if event == "cache_miss"]
+    assert misses == [("MA", "evicted"), ("MA", f"diverged-at={len(prompt) - 5}")]  # the worker's log says it too
 
 
 def test_a_template_change_across_a_restart_is_explained(engine, tmp_path):
@@ -366,6 +386,62 @@ def test_store_spills_ram_to_disk_and_trims_disk(engine, tmp_path):
     store.close()
     assert len(list(tmp_path.glob("*.kv"))) == st["disk_entries"]
     assert os.path.getsize(next(tmp_path.glob("*.kv"))) > 600
+
+
+def test_disk_entries_of_a_model_file_whose_contents_changed_are_deleted(tmp_path):
+    """A model re-pulled under the same name and path (other weights): its fingerprint in the
+    namespace changes, so the old entries are deleted at the next start, never restored."""
+    from barrel_inference.worker.kvstore import model_fingerprint
+
+    weights = tmp_path / "model.gguf"
+    rng = np.random.default_rng(5)
+    body = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    weights.write_bytes(body)
+    before = model_fingerprint(str(weights))
+    assert model_fingerprint(str(weights)) == before  # the same file, the same identity
+    kv = tmp_path / "kv"
+    store = KvStore(namespace={"model": before}, ram_bytes=1000, disk_bytes=10_000, directory=kv)
+    assert store.ready.wait(5)
+    for i in range(3):
+        store.put([i] * 10, bytes([i]) * 600, session=f"s{i}")
+    store.flush()
+    store.close()
+    assert list(kv.glob("*.kv"))
+    weights.write_bytes(body[:-1] + bytes([(body[-1] + 1) % 256]))  # its last byte differs, not its size
+    after = model_fingerprint(str(weights))
+    assert after != before
+    store = KvStore(namespace={"model": after}, ram_bytes=1000, disk_bytes=10_000, directory=kv)
+    assert store.ready.wait(5)
+    assert store.stats()["disk_entries"] == 0 and store.stats()["invalidated"] >= 1 and not list(kv.glob("*.kv"))
+    store.close()
+
+
+def test_a_write_that_dies_midway_leaves_no_entry_under_its_name(tmp_path, monkeypatch):
+    """A disk entry is written to a temporary name and renamed once whole: a write that fails after
+    its bytes went out (a crash, a full disk) leaves nothing that a restart would read as an entry,
+    and the restart removes the leftover."""
+    from barrel_inference.worker import kvstore
+
+    logged = []
+    store = KvStore(namespace={"m": 1}, ram_bytes=1000, disk_bytes=10_000, directory=tmp_path,
+                    log=lambda event, **kw: logged.append(event))  # fmt: skip
+    assert store.ready.wait(5)
+
+    def die(fd):
+        raise OSError("the disk went away before the write was whole")
+
+    monkeypatch.setattr(kvstore.os, "fsync", die)
+    for i in range(3):  # over the RAM tier: the older ones spill to disk, and every write dies
+        store.put([i] * 10, bytes([i]) * 600, session=f"s{i}")
+    store.flush()
+    assert "kv_io_error" in logged and store.stats()["disk_entries"] == 0
+    assert not list(tmp_path.glob("*.kv")) and list(tmp_path.glob("*.tmp"))  # written, never renamed
+    monkeypatch.undo()
+    store.close()
+    again = KvStore(namespace={"m": 1}, ram_bytes=1000, disk_bytes=10_000, directory=tmp_path)
+    assert again.ready.wait(5)
+    assert again.stats()["disk_entries"] == 0 and not list(tmp_path.glob("*.tmp"))
+    again.close()
 
 
 def test_two_requests_of_one_session_at_once_share_the_prefix(engine):
