@@ -39,6 +39,23 @@ async def test_queue_full_is_503_with_retry_after_and_the_worker_sees_only_what_
     await asyncio.gather(*held, return_exceptions=True)
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+async def test_ollama_requests_over_a_full_queue_get_its_503_with_retry_after(make_gateway, fake_worker, path):
+    """The Ollama family through the same admission: its own error body ({"error": ...}), 503."""
+    gw = await one_seq_gateway(make_gateway, fake_worker, defaults=ModelSettings(max_queue=1))
+    held = [asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat(f"w{i} STALL"))) for i in range(2)]
+    q = gw.app.state.admission.queue(MODEL)
+    await wait_for(lambda: len(fake_worker.submits) == 1 and q.depth == 1)
+    body = {"model": MODEL, "stream": False, **({"messages": [{"role": "user", "content": "one more"}]} if path == "/api/chat" else {"prompt": "one more"})}
+    r = await gw.client.post(path, json=body)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert set(r.json()) == {"error"} and r.json()["error"]
+    assert len(fake_worker.submits) == 1
+    for t in held:
+        t.cancel()
+    await asyncio.gather(*held, return_exceptions=True)
+
+
 async def test_waiting_past_queue_timeout_is_504_queue_timeout(make_gateway, fake_worker):
     gw = await one_seq_gateway(make_gateway, fake_worker, models={MODEL: ModelSettings(endpoint=fake_worker.endpoint, insecure=True, queue_timeout_ms=200)})
     held = asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat("w STALL")))
