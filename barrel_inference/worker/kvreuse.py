@@ -124,7 +124,8 @@ class KvReuse:
 
     def _restorable(self, entry, n: int) -> bool:
         """Can a saved state be continued at n? Its window layers hold positions from pos_min on
-        (recorded at save; -1: not known, the restore finds out)."""
+        (recorded at save, where a sequence without cells there is not saved; -1: an entry written
+        before pos_min was recorded, which the restore finds out)."""
         return entry.pos_min < 0 or entry.pos_min <= self.engine.window_start(n)
 
     def _fit(self, seq: int, have: int, want: int) -> bool:
@@ -203,11 +204,13 @@ class KvReuse:
             store.take(found)  # already saved: only mark it used
             store.pin(found, ev.pin_until)
             return
+        pos_min = self.engine.seq_pos_min(ev.seq)
+        if pos_min < 0:  # no cells in (the window layers of) the cache: nothing a restore could continue
+            return
         t0 = time.perf_counter()
         data = self.engine.state_seq_save(ev.seq)
         self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
-        store.put(ev.tokens, data, session=ev.session, template=self.template_id, pin_until=ev.pin_until,
-                  pos_min=self.engine.seq_pos_min(ev.seq))
+        store.put(ev.tokens, data, session=ev.session, template=self.template_id, pin_until=ev.pin_until, pos_min=pos_min)
 
     # ---- explanations -------------------------------------------------------------------
     def _explain(self, session: str | None, prompt: list[int], n: int) -> str:

@@ -7,6 +7,8 @@ A saved state whose window no longer reaches back to where a new prompt diverges
 
 from __future__ import annotations
 
+import pytest
+
 from barrel_inference.worker.fake import FakeEngine
 from barrel_inference.worker.kvreuse import KvReuse
 from barrel_inference.worker.kvstore import KvStore
@@ -148,3 +150,19 @@ def test_without_a_next_turn_the_last_token_enters_the_cache_after_the_grace():
     s, done, n_first, _ = _two_turns(grace_s=0.05, pause_s=0.5)
     assert s.n_tails_folded == 0
     assert done["t2"].usage.cached_tokens == n_first + 4  # prompt and every generated token
+
+
+@pytest.mark.parametrize(("pos_min", "saved"), [(0, 1), (-1, 0)])
+def test_a_sequence_without_cells_in_the_window_layers_is_not_saved(pos_min, saved):
+    """llama.cpp's pos_min -1: the sequence holds no cells in (the window layers of) the cache, so a
+    restore of its state could never be continued; it is not saved, and an entry's -1 keeps
+    meaning "written before pos_min was recorded"."""
+    from barrel_inference.worker.seqpool import Evicted
+
+    eng = FakeEngine()
+    eng.seq_pos_min = lambda seq: pos_min
+    store = KvStore(namespace={"m": 1}, ram_bytes=1 << 20)
+    reuse = KvReuse(eng, n_seq=eng.n_seq_total, store=store, max_busy=eng.n_seq_max)
+    reuse._save(Evicted(seq=0, tokens=list(range(40)), session="s"))
+    assert store.stats()["ram_entries"] == saved
+    assert reuse.evictions == 1  # counted either way
