@@ -115,4 +115,3 @@ def test_the_worker_gives_its_tiers_the_limit_of_its_policy(monkeypatch, policy,
     assert server.scheduler.reuse.restore_up_to == limit
     assert server.kv_selftest["kv_restore"] == policy and server.kv_selftest["restore_up_to"] == limit
     assert server.store is not None and server.store.namespace["restore_up_to"] == limit
-
