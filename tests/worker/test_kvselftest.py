@@ -80,6 +80,18 @@ def test_selftest_tells_a_state_summed_in_other_shares_from_one_that_lacks_cells
     assert e.n == 0  # the probe sequence is cleared
 
 
+def test_without_a_sliding_window_complete_is_exact_and_no_decode_runs_at_one_thread():
+    """A state of a model without a window leaves no cell out: the one-thread question (seconds
+    per decode for a large model on a CPU) is not asked."""
+    e = StubEngine("exact")
+    e.n_swa = 0
+    got = state_selftest(e)
+    assert [p["tokens"] for p in got["probes"]] == [256]
+    assert got["probes"][0]["exact"] and got["probes"][0]["complete"]
+    assert (got["exact_up_to"], got["complete_up_to"]) == (None, None)
+    assert 1 not in e.thread_calls
+
+
 @pytest.mark.parametrize(
     ("selftest", "policy", "limit"),
     [
