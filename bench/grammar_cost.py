@@ -66,20 +66,21 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     import barrel_inference.worker.engine as engine_mod
+    import barrel_inference.worker.samplers as samplers_mod
 
     engine = engine_mod.LlamaEngine(str(model_path(args.model)), n_ctx=512, n_seq_max=1, threads=args.threads, extra_buffers=False)
     print(f"model {args.model}, vocabulary {engine.n_vocab}, greedy, {args.tokens} tokens; ms per sampling step (median / worst)")
     print(f"{'schema':24s} {'staged':>16s} {'whole vocabulary':>20s}")
-    stages = engine_mod.GRAMMAR_STAGES
+    stages = samplers_mod.GRAMMAR_STAGES
     for name, schema in SCHEMAS.items():
         grammar = engine.grammar_from_schema(schema)
-        engine_mod.GRAMMAR_STAGES = stages
+        samplers_mod.GRAMMAR_STAGES = stages
         staged = steps(engine, grammar, args.tokens)
-        engine_mod.GRAMMAR_STAGES = ()
+        samplers_mod.GRAMMAR_STAGES = ()
         whole = steps(engine, grammar, args.tokens)
         fmt = lambda xs: f"{statistics.median(xs) * 1000:7.1f} / {max(xs) * 1000:7.1f}"  # noqa: E731
         print(f"{name:24s} {fmt(staged):>16s} {fmt(whole):>20s}")
-    engine_mod.GRAMMAR_STAGES = stages
+    samplers_mod.GRAMMAR_STAGES = stages
     engine.close()
     return 0
 

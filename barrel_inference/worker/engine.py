@@ -3,7 +3,7 @@
 A thin, batch-oriented wrapper over llama-cpp-python's low-level API: one model, one context
 holding n_seq_max running sequences (and n_seq_idle more that hold idle caches) in one unified KV
 buffer (or each in a buffer of its own, kv_unified=False), one reusable llama_batch,
-per-sequence sampler chains. The scheduler drives it; nothing here knows about requests or the link.
+per-sequence sampler chains (samplers.py). The scheduler drives it; nothing here knows about requests or the link.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import numpy as np
 from ..hostinfo import cpu_count
 from ..protocol import Sampling, TokenLogprob
 from . import buildinfo, kvlayout, kvwindow
-from .grammar_stages import best_allowed
 from .kvselftest import state_selftest
 from .kvstore import model_fingerprint
 from .logprobs import log_probability
 from .embedding_context import EmbeddingContext
+from .samplers import Sampler, Samplers
 from .engine_api import EngineError
 
 _BACKEND_LOCK = threading.Lock()
@@ -75,41 +75,9 @@ def _ggml_lib():
     return G.libggml
 
 
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
-# candidates checked by the grammar before it sees the whole vocabulary: the best by logit first
-GRAMMAR_STAGES = (64, 4096, 32768)
 # the flash_attn setting -> llama_context_params.flash_attn_type (LLAMA_FLASH_ATTN_TYPE_AUTO / _DISABLED / _ENABLED)
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids of one context
-
-
-class Sampler:
-    """One sequence's sampler chain (owned; free() releases it).
-
-    Plain greedy decoding (with at most a logit bias) skips the chain: an argmax over the logits
-    in place gives the same token as llama.cpp's greedy sampler (first maximum wins) without
-    building a candidate array of the whole vocabulary for every token.
-
-    With a grammar the chain is in three parts (`pre`: logit bias and penalties, `grammar`, `post`:
-    greedy or top-k ... dist) so that the grammar, whose cost grows with the candidates it checks,
-    first checks only the best candidates (see LlamaEngine._sample_constrained).
-    """
-
-    __slots__ = ("chain", "greedy_bias", "pre", "grammar", "post", "greedy", "top_k")
-
-    def __init__(self, chain, greedy_bias: tuple[np.ndarray, np.ndarray] | None = None):
-        self.chain = chain
-        self.greedy_bias = greedy_bias
-        self.pre = self.grammar = self.post = None
-        self.greedy = False
-        self.top_k = 0
-
-    def free(self) -> None:
-        for name in ("chain", "pre", "grammar", "post"):
-            smpl = getattr(self, name)
-            if smpl is not None:
-                L.llama_sampler_free(smpl)
-                setattr(self, name, None)
 
 
 class LlamaEngine:
@@ -192,8 +160,7 @@ class LlamaEngine:
         tmpl = L.llama_model_chat_template(self.model, None)
         self.chat_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self._piece_cache: dict[int, bytes] = {}
-        self._never_utf8: list[int] | None = None
-        self._never_utf8_lock = threading.Lock()
+        self._samplers = Samplers(L, self)
         self._eog = [False] * self.n_vocab
         self.control_tokens: dict[str, int] = {}  # control tokens by text: recognised in template text only
         longest = 1
@@ -477,130 +444,14 @@ class LlamaEngine:
         most likely tokens there (k <= 20)."""
         return log_probability(self.logits(idx), token, k, bias, self.piece)
 
-    def never_utf8_tokens(self) -> list[int]:
-        """Tokens holding a byte no UTF-8 text contains (C0, C1, F5..FF). llama.cpp's grammar decodes
-        such bytes as code points anyway, so under a grammar they are banned. Computed once."""
-        with self._never_utf8_lock:
-            if self._never_utf8 is None:
-                bad = re.compile(b"[\xc0\xc1\xf5-\xff]")
-                buf = ctypes.create_string_buffer(256)
-                out = []
-                for t in range(self.n_vocab):
-                    n = L.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
-                    if n > 0 and bad.search(buf.raw[:n]):
-                        out.append(t)
-                self._never_utf8 = out
-            return self._never_utf8
-
     def make_sampler(self, s: Sampling, grammar: str | None = None) -> Sampler:
-        plain = grammar is None and s.repeat_penalty == 1.0 and not s.presence_penalty and not s.frequency_penalty
-        if s.temperature <= 0 and plain:
-            items = sorted((t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab)
-            bias = (np.array([t for t, _ in items], np.int64), np.array([b for _, b in items], np.float32))
-            return Sampler(None, bias)
-        sampler = Sampler(None)
-        try:
-            pre = self._chain()
-            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < self.n_vocab]
-            if grammar is not None:  # no byte that is never valid UTF-8 (the grammar reads code points)
-                items += [(t, float("-inf")) for t in self.never_utf8_tokens()]
-            if items:
-                arr = (L.llama_logit_bias * len(items))()
-                for i, (t, bias) in enumerate(items):
-                    arr[i].token = t
-                    arr[i].bias = bias
-                L.llama_sampler_chain_add(pre, L.llama_sampler_init_logit_bias(self.n_vocab, len(items), arr))
-            if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
-                L.llama_sampler_chain_add(pre, L.llama_sampler_init_penalties(
-                    self.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))  # fmt: skip
-            sampler.pre = pre
-            if grammar is not None:
-                g = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
-                if not g:
-                    raise EngineError("grammar_error", "the grammar could not be parsed")
-                sampler.grammar = g
-            post = self._chain()
-            sampler.post = post
-            if s.temperature <= 0:
-                L.llama_sampler_chain_add(post, L.llama_sampler_init_greedy())
-                sampler.greedy = True
-            else:
-                if s.top_k > 0:
-                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_k(s.top_k))
-                    sampler.top_k = s.top_k
-                if s.top_p < 1.0:
-                    L.llama_sampler_chain_add(post, L.llama_sampler_init_top_p(s.top_p, 1))
-                if 0.0 < s.typical_p < 1.0:
-                    L.llama_sampler_chain_add(post, L.llama_sampler_init_typical(s.typical_p, 1))
-                if s.min_p > 0.0:
-                    L.llama_sampler_chain_add(post, L.llama_sampler_init_min_p(s.min_p, 1))
-                L.llama_sampler_chain_add(post, L.llama_sampler_init_temp(s.temperature))
-                seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
-                L.llama_sampler_chain_add(post, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        except BaseException:
-            sampler.free()
-            raise
-        if grammar is None:  # one chain, sampled by llama.cpp as before
-            chain = self._chain()
-            for part in (sampler.pre, sampler.post):
-                while L.llama_sampler_chain_n(part) > 0:
-                    L.llama_sampler_chain_add(chain, L.llama_sampler_chain_remove(part, 0))
-            sampler.free()
-            sampler.chain = chain
-        return sampler
+        """A sequence's sampler chain (samplers.py)."""
+        return self._samplers.make(s, grammar)
 
     def accept(self, sampler: Sampler, token: int) -> None:
         """A token chosen without sampling (forced): the chain's grammar and penalties still see it."""
-        for smpl in (sampler.chain, sampler.pre, sampler.grammar, sampler.post):
-            if smpl is not None:
-                L.llama_sampler_accept(smpl, token)
-
-    @staticmethod
-    def _chain():
-        return L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-
-    @staticmethod
-    def _apply(smpl, cand: np.ndarray) -> tuple[int, int]:
-        """Run `smpl` over a candidate array in place; (size after, selected index)."""
-        arr = L.llama_token_data_array(cand.ctypes.data_as(L.llama_token_data_p), len(cand), -1, False)
-        L.llama_sampler_apply(smpl, ctypes.byref(arr))
-        n = int(arr.size)
-        moved = ctypes.cast(arr.data, ctypes.c_void_p).value
-        if n and moved != cand.ctypes.data:  # a sampler moved the data: copy it back
-            cand[:n] = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte)), shape=(n * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
-        return n, int(arr.selected)
-
-    def _sample_constrained(self, sampler: Sampler, idx: int) -> int:
-        """Sample under a grammar, which checks the best candidates by logit first (GRAMMAR_STAGES, see
-        grammar_stages.py) and the whole vocabulary only when too few of those are allowed."""
-        logits = self.logits(idx)
-        cand = np.empty(self.n_vocab, _TOKEN_DATA)
-        cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
-        cand["logit"] = logits
-        cand["p"] = 0.0
-        n, _ = self._apply(sampler.pre, cand)
-        cand = cand[:n]
-        need = 1 if sampler.greedy else sampler.top_k
-        chosen = best_allowed(cand, need, lambda sub: self._apply(sampler.grammar, sub), GRAMMAR_STAGES)
-        if chosen is None:
-            self._apply(sampler.grammar, cand)
-            chosen = cand
-        size, selected = self._apply(sampler.post, chosen)
-        if not 0 <= selected < size:
-            raise EngineError("internal", "the sampler selected no token")
-        token = int(chosen["id"][selected])
-        for smpl in (sampler.pre, sampler.grammar, sampler.post):
-            L.llama_sampler_accept(smpl, token)
-        return token
+        self._samplers.accept(sampler, token)
 
     def sample(self, sampler: Sampler, idx: int) -> int:
         """Sample from the logits of batch row idx; the chain accepts the token."""
-        if sampler.greedy_bias is not None:
-            logits = self.logits(idx)
-            tokens, bias = sampler.greedy_bias
-            if len(tokens):
-                logits[tokens] += bias  # this row's logits are ours until the next decode
-            return int(logits.argmax())
-        if sampler.grammar is not None:
-            return self._sample_constrained(sampler, idx)
-        return L.llama_sampler_sample(sampler.chain, self.ctx, idx)
+        return self._samplers.sample(sampler, idx)

@@ -4,6 +4,7 @@ whole vocabulary (greedy and seeded top-k sampling), for a fraction of the gramm
 import pytest
 
 import barrel_inference.worker.engine as engine_mod
+import barrel_inference.worker.samplers as samplers_mod
 from barrel_inference.protocol import Sampling
 
 SCHEMAS = [
@@ -52,12 +53,12 @@ def generate(e, sampling, grammar, n=24):
 def test_staged_grammar_sampling_equals_the_whole_vocabulary(engine, monkeypatch, schema, sampling):
     grammar = engine.grammar_from_schema(schema)
     sizes = []
-    apply = engine_mod.LlamaEngine._apply
-    monkeypatch.setattr(engine_mod.LlamaEngine, "_apply", staticmethod(lambda smpl, cand: (sizes.append(len(cand)), apply(smpl, cand))[1]))
+    apply = samplers_mod.Samplers._apply
+    monkeypatch.setattr(samplers_mod.Samplers, "_apply", lambda self, smpl, cand: (sizes.append(len(cand)), apply(self, smpl, cand))[1])
     staged = generate(engine, sampling, grammar)
     if sampling.top_k or sampling.temperature <= 0:
         assert 64 in sizes  # the grammar checked 64 candidates instead of the vocabulary, at least once
-    monkeypatch.setattr(engine_mod, "GRAMMAR_STAGES", ())
+    monkeypatch.setattr(samplers_mod, "GRAMMAR_STAGES", ())
     whole = generate(engine, sampling, grammar)
     assert staged == whole and len(staged) > 1
 

@@ -4,7 +4,8 @@ import llama_cpp as L
 import pytest
 
 from barrel_inference.protocol import Sampling
-from barrel_inference.worker.engine import LlamaEngine, Sampler
+from barrel_inference.worker.engine import LlamaEngine
+from barrel_inference.worker.samplers import Sampler
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def chain_greedy(engine, bias):
             arr[i].token, arr[i].bias = t, b
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(engine.n_vocab, len(bias), arr))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-    return Sampler(chain)
+    return Sampler(L, chain)
 
 
 @pytest.mark.parametrize("bias", [{}, {266: -100.0}, {100: 5.0, 101: -3.0, 266: -100.0}])

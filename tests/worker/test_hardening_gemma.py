@@ -5,6 +5,7 @@ sees them, and a user's `<start_of_turn>` text does not open a turn."""
 import pytest
 
 import barrel_inference.worker.engine as engine_mod
+import barrel_inference.worker.samplers as samplers_mod
 from barrel_inference.protocol import ChatMessage, Sampling
 from barrel_inference.worker.grammar import GrammarRefused, check_schema
 from barrel_inference.worker.prompt import PromptBuilder
@@ -30,7 +31,7 @@ def gemma(gemma_gguf):
 def test_staged_grammar_sampling_on_gemma_equals_the_whole_vocabulary(gemma, monkeypatch, schema, sampling):
     grammar = gemma.grammar_from_schema(schema)
     staged = generate(gemma, sampling, grammar, n=10)
-    monkeypatch.setattr(engine_mod, "GRAMMAR_STAGES", ())
+    monkeypatch.setattr(samplers_mod, "GRAMMAR_STAGES", ())
     assert generate(gemma, sampling, grammar, n=10) == staged
 
 
