@@ -43,13 +43,15 @@ def state_selftest(engine) -> dict:
 
     def next_logits(n: int, threads: int | None) -> np.ndarray:
         """Token n's logits at `threads` (None: the engine's own); the sequence is cut back to n after."""
-        engine.set_threads(threads)
+        if threads is not None:
+            engine.set_threads(threads)
         try:
             if engine.decode([toks[n]], [n], [0], [True]) != 0:
                 raise EngineError("decode_failed", "the KV self-test's decode failed")
             return engine.logits(0).copy()
         finally:
-            engine.set_threads(None)
+            if threads is not None:
+                engine.set_threads(None)
             engine.seq_truncate(0, n)
 
     try:
@@ -80,7 +82,6 @@ def state_selftest(engine) -> dict:
                 break
             n_done = n
     finally:
-        engine.set_threads(None)
         engine.seq_clear(0)
     return _result(probes, engine)
 
