@@ -136,10 +136,9 @@ def kv_selftest_text(test: dict | None) -> str:
         return f"{p['tokens']} tokens off by {p['max_abs_diff']:.3g}{one}"
 
     probes = ", ".join(probe(p) for p in test.get("probes", []))
-    policy = test.get("kv_restore", "exact")
-    word = "complete" if policy == "complete" else "exact"
+    policy = test.get("kv_restore", "exact")  # "exact" / "complete"; an older worker's test has none
     limit = test.get("restore_up_to", test.get("exact_up_to"))
-    verdict = word if limit is None else (f"not {word}: tiers off" if limit == 0 else f"{word} up to {limit} tokens (longer states recomputed)")
+    verdict = policy if limit is None else (f"not {policy}: tiers off" if limit == 0 else f"{policy} up to {limit} tokens (longer states recomputed)")
     fa = test.get("flash_attn")
     hint = f"; flash_attn {fa}" if fa else ""
     if policy == "exact" and limit is not None and test.get("complete_up_to", 0) is None:
