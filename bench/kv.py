@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from barrel_inference.worker.kvselftest import RESTORE_POLICIES
+
 from . import build as buildmod
 from . import systems, workloads
 from .__main__ import log, prepare_model, token_counter
@@ -296,7 +298,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="one KV buffer for all sequences (true) or one per sequence (false), in every system; default: each one\'s own")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention in every system (off: Gemma's saved states restore exactly)")
-    p.add_argument("--kv-restore", choices=("exact", "complete"), default=None,
+    p.add_argument("--kv-restore", choices=RESTORE_POLICIES, default=None,
                    help="ours: which saved states the tiers restore (default: the daemon's, exact)")
     p.add_argument("--start-timeout", type=float, default=300.0)
     args = p.parse_args(argv)

@@ -53,7 +53,7 @@ class Shape:
     swa_full: bool = False  # sliding-window models keep every position (ours: swa_full; llama-server: --swa-full)
     idle_sequences: int | None = None  # ours only: sequence ids that hold idle caches (None: the daemon's default)
     # one KV buffer for all sequences or one per sequence (ours: kv_unified; llama-server: --kv-unified);
-    # None: each system's default (ours unified, llama-server one per sequence)
+    # None: each system's default (ours "auto", llama-server one per sequence)
     kv_unified: bool | None = None
     kv_restore: str | None = None  # ours only: "exact" / "complete" (None: the daemon's default, exact)
 
