@@ -133,19 +133,22 @@ def kv_selftest_text(test: dict | None) -> str:
         if p["exact"]:
             return f"{p['tokens']} tokens exact"
         one = "; exact at one thread" if p.get("complete") else ""
-        return f"{p['tokens']} tokens off by {p['max_abs_diff']:.3g}{one}"
+        relaid = "; exact relaid" if p.get("relayout") else ""
+        return f"{p['tokens']} tokens off by {p['max_abs_diff']:.3g}{one}{relaid}"
 
     probes = ", ".join(probe(p) for p in test.get("probes", []))
     policy = test.get("kv_restore", "exact")  # "exact" / "complete"; an older worker's test has none
     limit = test.get("restore_up_to", test.get("exact_up_to"))
     verdict = policy if limit is None else (f"not {policy}: tiers off" if limit == 0 else f"{policy} up to {limit} tokens (longer states recomputed)")
+    if test.get("relayout"):  # kvselftest.py: what makes restores exact where they are not in place
+        verdict += ", idle sequences relaid as a restore lays them out"
     fa = test.get("flash_attn")
     hint = f"; flash_attn {fa}" if fa else ""
     if policy == "exact" and limit is not None and test.get("complete_up_to", 0) is None:
         hint += ' (every state is complete: kv_restore = "complete" restores them at any length)'
     elif limit is not None and fa and fa != "off":
         hint += ' (flash_attn = "off" makes restores exact on sliding-window models, at some speed)'
-    if policy == "complete" and test.get("exact_up_to") is not None and limit is None:
+    if policy == "complete" and test.get("exact_up_to") is not None and limit is None and not test.get("relayout"):
         hint += f"; bit for bit up to {test['exact_up_to']} tokens"
     return f"{verdict} ({probes}{hint})"
 

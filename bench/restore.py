@@ -4,7 +4,9 @@
 
 For each length: a fresh sequence of random tokens is prefilled in chunks of 256, its state saved;
 the next token's logits are taken in place at one thread and at --threads, then the sequence is
-cleared, the state restored and the same taken again. Prints, per length, whether each pair is bit
+cleared, the state restored and the same taken again. Then as the worker does where its self-test
+asks for it: the sequence is relaid in place as a restore lays it out (engine.seq_relayout), its
+logits taken, its state restored into another sequence and the logits taken there. Prints, per length, whether each pair is bit
 for bit equal and their largest difference. For scale it prints too how far a sequence's logits
 move when 1 or 3 other sequences decode in its batch (nothing restored): what any request meets
 under load. Gemma 3 270M unless --model.
@@ -66,8 +68,23 @@ def restore(args) -> None:
         if not e.state_seq_load(0, state):
             raise SystemExit("restore refused")
         got_one, got = _next(e, toks, n, 1), _next(e, toks, n, None)
-        print(f"{n} tokens: restored vs in place: one thread {_diff(got_one, ref_one)}, {e.threads} threads {_diff(got, ref)}",
-              flush=True)  # fmt: skip
+        # the worker's way where the self-test asks for it: relaid in place (as a restore lays it
+        # out), then saved and restored into another sequence
+        _prefill(e, 0, toks[0], n)
+        relaid = "refused"
+        if e.seq_relayout(0):
+            kept = _next(e, toks, n, None)
+            e.seq_clear(1)
+            relaid = "not restored"
+            if e.state_seq_load(1, e.state_seq_save(0)):
+                toks[1], mine = toks[0], toks[1]  # sequence 1 now holds sequence 0's tokens
+                try:
+                    relaid = _diff(_next(e, toks, n, None, seqs=(1,)), kept)
+                finally:
+                    toks[1] = mine
+            e.seq_clear(1)
+        print(f"{n} tokens: restored vs in place: one thread {_diff(got_one, ref_one)}, {e.threads} threads {_diff(got, ref)}; "
+              f"relaid in place vs restored elsewhere: {relaid}", flush=True)  # fmt: skip
     for n in lengths:
         for s in range(4):
             _prefill(e, s, toks[s], n)

@@ -394,6 +394,32 @@ class LlamaEngine:
             return False
         return True
 
+    def seq_relayout(self, seq: int) -> bool:
+        """Lay seq's sliding-window cells out as a restore of its state would: save the window
+        layers' part of its state (llama.cpp's SWA_ONLY flag) and load it back in place. A state
+        holds only the window's cells, and a restore puts them from the buffer's first cell on, where
+        the run that made them left them around a ring; flash attention's sums depend on where
+        cells lie (kvselftest.py). A sequence relaid at every turn's end continues bit for bit as
+        its restored state would. False, the sequence untouched, while a queued copy reads or writes
+        its buffer (the copy would carry cells to where they no longer are); False, the sequence
+        cleared, when llama.cpp refused the load."""
+        if not self.n_swa:
+            return True  # no window layers: a restore lays out every cell where it was
+        if seq in self._copy_into or seq in self._copy_from:
+            return False
+        flags = L.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY
+        size = L.llama_state_seq_get_size_ext(self.ctx, seq, flags)
+        out = bytearray(max(0, size))
+        if not out:
+            self.seq_clear(seq)
+            return False
+        buf = (ctypes.c_uint8 * size).from_buffer(out)
+        n = L.llama_state_seq_get_data_ext(self.ctx, buf, size, seq, flags)
+        if n <= 0 or L.llama_state_seq_set_data_ext(self.ctx, buf, n, seq, flags) == 0:
+            self.seq_clear(seq)
+            return False
+        return True
+
     def state_key(self) -> dict:
         """What saved states depend on besides the tokens: the model file and the settings that
         change the KV contents or the numerics of the computation that made them."""

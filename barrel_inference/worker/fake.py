@@ -156,6 +156,9 @@ class FakeEngine:
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         pass
 
+    def seq_relayout(self, seq: int) -> bool:
+        return True  # the fake keeps no cells to lay out
+
     def state_seq_save(self, seq: int) -> bytes:
         return b"fake-state"  # the fake keeps no KV: any state restores to nothing
 

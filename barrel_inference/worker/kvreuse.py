@@ -40,7 +40,7 @@ class SessionRec:
 class KvReuse:
     def __init__(self, engine, *, n_seq: int, store: KvStore | None = None, max_retained_tokens: int | None = None,
                  restore_up_to: int | None = None, template_id: str = "", log=None, clock=time.monotonic,
-                 max_busy: int | None = None):  # fmt: skip
+                 max_busy: int | None = None, relayout: bool = False):  # fmt: skip
         self.engine = engine
         # clock: seconds, for pins (tests pass a fake one)
         self.pool = SeqPool(n_seq, clock, max_busy, neighbours=not engine.kv_unified)
@@ -49,6 +49,11 @@ class KvReuse:
         # attends over; with a buffer per sequence they cost nothing (their cells are there anyway)
         self.max_retained = max_retained_tokens if engine.kv_unified else None
         self.restore_up_to = restore_up_to  # the longest state the tiers keep (kvselftest.restore_limit); None: any
+        # relay each idle sequence's window cells as a restore would, so that it continues alike
+        # in place and restored (kvselftest.py, "relayout"); only where the tiers restore
+        self.relayout = relayout and self.store is not None
+        self.relayout_ms_max = 0.0
+        self.relayouts_failed = 0
         self.template_id = template_id
         self.log = log or (lambda *a, **k: None)
         self.sessions: OrderedDict[str, SessionRec] = OrderedDict()
@@ -147,12 +152,27 @@ class KvReuse:
         (req.pin_ttl_s) keeps the cache from retention until it runs out."""
         if self.pool.release(req.seq, tokens, getattr(req, "pin_ttl_s", 0.0)):
             self.engine.seq_clear(req.seq)
+        elif self.relayout and tokens:
+            self._relay(req.seq)  # where it fails the cache is gone: the session's next turn is "evicted"
         if req.session and tokens is not None:
             self.sessions[req.session] = SessionRec(array("i", tokens), self.template_id)
             self.sessions.move_to_end(req.session)
             while len(self.sessions) > MAX_SESSIONS:
                 self.sessions.popitem(last=False)
         self.enforce_retention()
+
+    def _relay(self, seq: int) -> bool:
+        """Relay an idle sequence (engine.seq_relayout); where that cannot be done its cache is
+        dropped, for a cache left in its own layout would continue otherwise than its restore."""
+        t0 = time.perf_counter()
+        ok = self.engine.seq_relayout(seq)
+        self.relayout_ms_max = max(self.relayout_ms_max, (time.perf_counter() - t0) * 1000.0)
+        if not ok:
+            self.relayouts_failed += 1
+            self.engine.seq_clear(seq)
+            self.pool.forget(seq)
+            self.log("kv_relayout_failed", seq=seq)
+        return ok
 
     def enforce_retention(self) -> None:
         if self.max_retained is None:
@@ -243,6 +263,9 @@ class KvReuse:
             "sessions": len(self.sessions), "save_ms_max": round(self.save_ms_max, 2),
             "restore_ms_max": round(self.restore_ms_max, 2),
         }  # fmt: skip
+        if self.relayout:
+            out["relayout_ms_max"] = round(self.relayout_ms_max, 2)
+            out["relayouts_failed"] = self.relayouts_failed
         if self.store is not None:
             out["tiers"] = self.store.stats()
         return out

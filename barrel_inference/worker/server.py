@@ -86,24 +86,28 @@ class WorkerServer:
         self.store: KvStore | None = None
         restore_up_to = restore_limit(None, kv_restore)  # refuses an unknown policy before any work
         if kv_ram_bytes > 0:
-            # restoring a saved state must reproduce the logits of the run that made it (kv_restore
-            # = "exact"), or at least at one thread ("complete"): checked once per model; where it
-            # holds only up to some length, longer states are not saved
+            # restoring a saved state must reproduce the logits of the sequence had it stayed in the
+            # cache (kv_restore = "exact"; with sequences relaid where that makes it so), or at least
+            # at one thread ("complete"): checked once per model; where it holds only up to some
+            # length, longer states are not saved
             self.kv_selftest = {**engine.state_selftest(), "kv_restore": kv_restore}
             restore_up_to = restore_limit(self.kv_selftest, kv_restore)
             self.kv_selftest["restore_up_to"] = restore_up_to
             self.log("kv_selftest", model=model, **self.kv_selftest)
             if self.engine_info is not None:
                 self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
+        # sequences relaid at their turns' ends, where that is what makes restores exact
+        relayout = bool(self.kv_selftest and self.kv_selftest.get("relayout"))
         template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
         if kv_ram_bytes > 0 and restore_up_to != 0:
             # entries saved under another limit (kv_restore changed) are not restored under this one
-            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk, "restore_up_to": restore_up_to}
+            namespace = {**engine.state_key(), "prefill_chunk": prefill_chunk, "restore_up_to": restore_up_to,
+                         "relayout": relayout}  # fmt: skip
             self.store = KvStore(namespace=namespace, ram_bytes=kv_ram_bytes, disk_bytes=kv_disk_bytes,
                                  directory=kv_dir, log=self.log, template=template_id)  # fmt: skip
         reuse = KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, store=self.store,
                         max_retained_tokens=max_retained_tokens, restore_up_to=restore_up_to, template_id=template_id,
-                        log=self.log)  # fmt: skip
+                        log=self.log, relayout=relayout)  # fmt: skip
         self.scheduler = Scheduler(engine, self._emit, n_ctx=n_ctx, prefill_chunk=prefill_chunk, log=self.log, reuse=reuse,
                                    tail_grace_s=tail_grace_ms / 1000.0)  # fmt: skip
         if self.store is not None:

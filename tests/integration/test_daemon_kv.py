@@ -77,6 +77,7 @@ def test_sessions_misses_and_disk_restore_after_restart(tiny_gguf, root):
         assert s["kv_selftest"]["probes"] and s["kv_selftest"]["exact_up_to"] is None
         assert s["kv_selftest"]["complete_up_to"] is None and all(p["complete"] for p in s["kv_selftest"]["probes"])
         assert (s["kv_selftest"]["kv_restore"], s["kv_selftest"]["restore_up_to"]) == ("exact", None)  # the default policy
+        assert s["kv_selftest"]["relayout"] is False and "relayout_ms_max" not in s["cache"]  # no window: nothing to relay
         assert s["cache"]["hits"]["ram"] >= 1
         system = c.get("/api/system").json()  # what `bictl doctor` shows
         (model,) = [m for m in system["models"] if m["name"] == "tiny:latest"]

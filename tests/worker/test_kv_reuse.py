@@ -47,11 +47,12 @@ def cold_engine(tiny_gguf):
     e.close()
 
 
-def replay(e, turns: list[tuple[list[int], int, int]]) -> list[int]:
+def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -> list[int]:
     """Greedy tokens of the last turn, computed in a fresh context with the batches of the warm run.
 
     turns: (prompt, n_cached, n_generated) of every turn of this sequence's history, the last
-    being the one to compute (its n_generated tokens are sampled)."""
+    being the one to compute (its n_generated tokens are sampled). relayout: the warm run relaid
+    its sequences at each turn's end (kvselftest.py), and so does the replay."""
     import llama_cpp as L
 
     e.recreate_context()
@@ -80,6 +81,8 @@ def replay(e, turns: list[tuple[list[int], int, int]]) -> list[int]:
             gen.append(tok)
         if not last:  # the finished turn's last token entered the cache in a batch of its own
             assert e.decode([tok], [pos], [0], [False]) == 0
+            if relayout:
+                assert e.seq_relayout(0)
         if last:
             out = gen
     return out
@@ -118,10 +121,10 @@ class Conversation:
         self.kinds.append(done.cache.kind)
         self.misses.append(done.cache.miss)
 
-    def check_against_cold(self, cold_engine, base=()) -> None:
+    def check_against_cold(self, cold_engine, base=(), relayout: bool = False) -> None:
         """base: turns of another conversation whose batches built the prefix this one copied."""
         for k in range(len(self.history)):
-            want = replay(cold_engine, [*base, *self.history[: k + 1]])
+            want = replay(cold_engine, [*base, *self.history[: k + 1]], relayout)
             assert self.outputs[k] == want, f"{self.name} turn {k + 1} ({self.kinds[k]})"
 
     def check_cached_grows(self) -> None:
@@ -131,10 +134,12 @@ class Conversation:
             assert self.history[k][1] >= len(prev_prompt) + n_gen, (self.name, k, self.kinds[k])
 
 
-def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t", restore_up_to=None, log=None):
+def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t", restore_up_to=None, log=None,
+              relayout=False):  # fmt: skip
     engine.recreate_context()
     reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_total, store=store, max_retained_tokens=max_retained,
-                    restore_up_to=restore_up_to, template_id=template, max_busy=engine.n_seq_max, log=log)  # fmt: skip
+                    restore_up_to=restore_up_to, template_id=template, max_busy=engine.n_seq_max, log=log,
+                    relayout=relayout)  # fmt: skip
     run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded

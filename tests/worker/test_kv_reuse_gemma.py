@@ -7,8 +7,10 @@ run (the whole prompt in one pass of chunks from position 0) is printed.
 
 import pytest
 
+from barrel_inference.worker.kvselftest import restore_limit
+
 from .harness import Running
-from .test_kv_reuse import CHUNK, MAX_TOKENS, N_CTX, Conversation, replay, scheduler
+from .test_kv_reuse import CHUNK, MAX_TOKENS, N_CTX, SYSTEM, Conversation, make_store, replay, scheduler
 
 pytestmark = pytest.mark.gemma
 
@@ -52,3 +54,60 @@ def test_sticky_and_copied_turns_equal_the_same_split_and_agreement_with_plain_c
             total += n_gen
     print(f"\ngemma: reused turns agree with a plain cold run on {agree}/{total} greedy tokens")
     assert total == 6 * MAX_TOKENS and CHUNK > 0
+
+
+class LongConversation(Conversation):
+    """A system prompt of ~800 tokens: past the window (512) and past the ring of window cells a
+    buffer of its own keeps (a window and a ubatch: 768), where flash attention's sums depend on
+    where the cells lie."""
+
+    def next_prompt(self, user: str) -> list[int]:
+        if self.history:
+            return super().next_prompt(user)
+        return self.e.tokenize(SYSTEM * 16 + f"\nuser ({self.name}): {user}\nassistant:", add_special=False)
+
+
+@pytest.fixture(scope="module")
+def gemma_one(gemma_gguf):
+    """One sequence id: every other conversation's turn takes it, so a returning one restores."""
+    from barrel_inference.worker.engine import LlamaEngine
+
+    e = LlamaEngine(str(gemma_gguf), n_ctx=N_CTX, n_seq_max=1, n_batch=256, threads=2, extra_buffers=False)  # AMX layouts crash on Gemma here
+    yield e
+    e.close()
+
+
+def test_relaid_sequences_restore_from_ram_and_disk_bit_for_bit_beyond_the_window(gemma_one, gemma_cold, tmp_path):
+    """At the defaults (flash attention on, a buffer per sequence) a restored Gemma state lies in
+    other cells than the run that made it, so the self-test finds restores exact only up to the
+    window; relaying each sequence at its turn's end as a restore lays it out makes them exact at
+    any length, and the tiers then keep long conversations. Two ~800-token conversations over one
+    sequence, then a restart: every turn after the first restores from RAM or disk, and each
+    equals a cold replay of the same batches with the same relayouts, bit for bit."""
+    e = gemma_one
+    e.recreate_context()
+    test = e.state_selftest()
+    assert test["exact_up_to"] == 512 and test["relayout"] and test["relayout_up_to"] is None, test
+    limit = restore_limit(test, "exact")
+    assert limit is None
+    x, y = LongConversation(e, "x", session="X"), LongConversation(e, "y", session="Y")
+    store = make_store(e, tmp_path)
+    with scheduler(e, store=store, restore_up_to=limit, relayout=True) as (s, c):
+        for i in range(2):
+            x.turn(s, c, f"tell me fact number {i} about the sea")
+            y.turn(s, c, f"tell me fact number {i} about the sky")
+        stats = s.stats()["cache"]
+    store.close()
+    store = make_store(e, tmp_path)  # a new worker: y's last state is on disk
+    with scheduler(e, store=store, restore_up_to=limit, relayout=True) as (s, c):
+        y.turn(s, c, "and one more about the sky")
+    store.close()
+    assert len(x.history[0][0]) > 768
+    assert x.kinds[1:] == ["ram"] and y.kinds[1:] == ["ram", "disk"], (x.kinds, y.kinds)
+    assert stats["relayouts_failed"] == 0 and stats["relayout_ms_max"] > 0
+    x.check_cached_grows()
+    y.check_cached_grows()
+    x.check_against_cold(gemma_cold, relayout=True)
+    # y's first turn reused what it could of x's first turn's state (the shared system prompt)
+    base = x.history[:1] if y.history[0][1] else ()
+    y.check_against_cold(gemma_cold, base=base, relayout=True)

@@ -1,8 +1,9 @@
 """The load-time KV restore self-test on Gemma 3 (sliding window 512): with llama.cpp's flash
 attention a state restored into other cells reproduces the logits bit for bit only within the
 window at two threads, but at any length at one thread (the state is complete; two threads sum
-a moved window in other shares); without it the restore is bit-exact beyond the window, so the
-tiers can keep long conversations."""
+a moved window in other shares), and at any length against a sequence relaid as a restore lays
+it out; without flash attention the restore is bit-exact beyond the window as it is. Either way
+the tiers keep long conversations."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_flash_attention_off_makes_gemma_restores_exact_beyond_the_window(gemma_
     assert off["exact_up_to"] is None and off["complete_up_to"] is None, off
     assert all(p["exact"] and p["complete"] and p["max_abs_diff"] == 0.0 for p in off["probes"])
     assert off["flash_attn"] == "off"
+    assert off["relayout"] is False  # nothing to relay where restores are exact as they are
 
 
 def test_flash_attention_on_limits_gemma_restores_to_the_window_yet_they_are_complete(gemma_gguf):
@@ -38,6 +40,9 @@ def test_flash_attention_on_limits_gemma_restores_to_the_window_yet_they_are_com
     # at one thread the restored window gives the same logits bit for bit: nothing is missing
     assert on["complete_up_to"] is None, on
     assert [p["complete"] for p in on["probes"]] == [True, True]
+    # a sequence relaid as a restore lays it out and then restored gives its logits bit for bit:
+    # the worker relays its idle sequences and the tiers restore at any length
+    assert on["relayout_up_to"] is None and on["relayout"] is True, on
 
 
 def test_an_unknown_flash_attn_setting_is_refused(gemma_gguf):
@@ -142,3 +147,53 @@ def test_window_layers_have_room_for_a_prefix_that_idle_sequences_share(gemma_gg
             assert 1 in statuses, "the window cache did not overflow: the test no longer shows the headroom is needed"
     finally:
         e.close()
+
+
+def test_a_relaid_sequence_continues_as_its_restored_state_bit_for_bit_over_turns(gemma_gguf):
+    """Three turns (1,100 tokens, then 80, then 300, each with 4 one-token decodes) in a buffer per
+    sequence with flash attention on: the conversation kept in place and the one whose state was
+    saved and restored into another sequence before its last turn give the same logits at every
+    step of that turn, bit for bit, when both were relaid at each turn's end (what the worker does,
+    kvselftest.py), and other logits when neither was (the restore lays out its cells anew)."""
+    e = engine_mod.LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=2, threads=2, extra_buffers=False, flash_attn="on")
+    toks = [(17 * i) % 5000 + 300 for i in range(1600)]
+    turns = [(1100, 4), (80, 4), (300, 4)]
+
+    def run(relay: bool, restore: bool) -> list:
+        e.seq_clear(0)
+        e.seq_clear(1)
+        seq, pos, out = 0, 0, []
+        for k, (n_prompt, n_decode) in enumerate(turns):
+            if k == len(turns) - 1 and restore:
+                state = e.state_seq_save(seq)
+                e.seq_clear(seq)
+                assert e.state_seq_load(1, state)
+                seq = 1
+            for start in range(pos, pos + n_prompt, 256):
+                part = toks[start : min(pos + n_prompt, start + 256)]
+                assert e.decode(part, list(range(start, start + len(part))), [seq] * len(part), [False] * len(part)) == 0
+            pos += n_prompt
+            for _ in range(n_decode):
+                assert e.decode([toks[pos]], [pos], [seq], [True]) == 0
+                out.append(e.logits(0).copy())
+                pos += 1
+            if relay and k < len(turns) - 1:
+                assert e.seq_relayout(seq)
+        return out[-4:]
+
+    try:
+        assert not e.kv_unified and e.n_swa == 512
+        for relay in (True, False):
+            kept, restored = run(relay, restore=False), run(relay, restore=True)
+            same = all((a == b).all() for a, b in zip(kept, restored))
+            assert same is relay, f"relay={relay}: {max(float(abs(a - b).max()) for a, b in zip(kept, restored))}"
+    finally:
+        e.close()
+
+
+def test_the_selftest_finds_a_relayout_that_lays_out_nothing(gemma_gguf, monkeypatch):
+    """Fault injection: were seq_relayout to leave the cells where they lie, the self-test's
+    relayout question fails past the window and the worker neither relays nor restores beyond it."""
+    monkeypatch.setattr(engine_mod.LlamaEngine, "seq_relayout", lambda self, seq: True)
+    on = selftest(gemma_gguf, "on")
+    assert on["relayout_up_to"] == 512 and on["relayout"] is False, on

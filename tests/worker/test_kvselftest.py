@@ -14,17 +14,24 @@ from barrel_inference.worker.kvselftest import restore_limit, state_selftest
 
 class StubEngine:
     """n_swa 512; a sequence restored from a state saved past the window gives other logits: at
-    more than one thread ("split"), at any ("lossy"), or never ("exact")."""
+    more than one thread ("split"), at any ("lossy"), or never ("exact"). Two sequences, a buffer
+    each: seq_relayout lays a sequence out as a restore does (or, relays=False, does nothing)."""
 
     n_swa, n_ctx, n_batch, n_vocab, flash_attn = 512, 4096, 512, 64, "on"
+    n_seq_total, kv_unified = 2, False
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, relays: bool = True):
         self.kind = kind
+        self.relays = relays
         self.threads: int | None = None
         self.thread_calls: list[int | None] = []
-        self.n = 0  # positions the probe sequence holds
-        self.restored = False  # restored from a state and not grown since
+        self.ns = [0, 0]  # positions each sequence holds
+        self.restored = [False, False]  # laid out as a restore lays it out, and not grown since
         self.out = np.zeros(self.n_vocab, dtype=np.float32)
+
+    @property
+    def n(self) -> int:
+        return self.ns[0]
 
     def is_eog(self, token: int) -> bool:
         return token == 0
@@ -34,30 +41,36 @@ class StubEngine:
         self.thread_calls.append(n)
 
     def decode(self, tokens, pos, seqs, logits) -> int:
-        assert pos[0] == self.n, "the probe decodes its positions in order"
+        s = seqs[0]
+        assert pos[0] == self.ns[s], "the probe decodes its positions in order"
         if len(tokens) > 1:
-            self.restored = False
-        self.n = pos[-1] + 1
-        moved = self.restored and self.n - 1 > self.n_swa
+            self.restored[s] = False
+        self.ns[s] = n = pos[-1] + 1
+        moved = self.restored[s] and n - 1 > self.n_swa
         off = (self.kind == "split" and self.threads != 1) or self.kind == "lossy"
-        self.out = np.full(self.n_vocab, float(self.n), dtype=np.float32) + (0.5 if moved and off else 0.0)
+        self.out = np.full(self.n_vocab, float(n), dtype=np.float32) + (0.5 if moved and off else 0.0)
         return 0
 
     def logits(self, row: int) -> np.ndarray:
         return self.out
 
     def seq_truncate(self, seq: int, keep: int) -> bool:
-        self.n = min(self.n, keep)
+        self.ns[seq] = min(self.ns[seq], keep)
         return True
 
     def seq_clear(self, seq: int) -> None:
-        self.n, self.restored = 0, False
+        self.ns[seq], self.restored[seq] = 0, False
+
+    def seq_relayout(self, seq: int) -> bool:
+        if self.relays:
+            self.restored[seq] = True
+        return True
 
     def state_seq_save(self, seq: int) -> bytes:
-        return self.n.to_bytes(4, "little")
+        return self.ns[seq].to_bytes(4, "little")
 
     def state_seq_load(self, seq: int, data: bytes) -> bool:
-        self.n, self.restored = int.from_bytes(data, "little"), True
+        self.ns[seq], self.restored[seq] = int.from_bytes(data, "little"), True
         return True
 
 
@@ -77,7 +90,7 @@ def test_selftest_tells_a_state_summed_in_other_shares_from_one_that_lacks_cells
     assert (got["probes"][1]["exact"], got["probes"][1]["complete"]) == at_576
     assert got["probes"][0]["exact"] and got["probes"][0]["complete"]
     assert 1 in e.thread_calls and e.threads is None  # it decoded at one thread and gave the engine its own back
-    assert e.n == 0  # the probe sequence is cleared
+    assert e.ns == [0, 0]  # the probe sequences are cleared
 
 
 def test_without_a_sliding_window_complete_is_exact_and_no_decode_runs_at_one_thread():
@@ -127,3 +140,66 @@ def test_the_worker_gives_its_tiers_the_limit_of_its_policy(monkeypatch, policy,
     assert server.scheduler.reuse.restore_up_to == limit
     assert server.kv_selftest["kv_restore"] == policy and server.kv_selftest["restore_up_to"] == limit
     assert server.store is not None and server.store.namespace["restore_up_to"] == limit
+
+
+@pytest.mark.parametrize(
+    ("kind", "relays", "relayout_up_to", "relayout", "limit"),
+    [
+        ("split", True, None, True, None),  # Gemma 3 with flash attention on: relaid, restored at any length
+        ("split", False, 512, False, 512),  # a relayout that does not lay out as a restore: the check fails
+        ("exact", True, None, False, None),  # restores are exact in place: nothing to relay
+        ("lossy", True, 512, False, 512),  # a state that lacks cells is never relaid (it would lose them in place)
+    ],
+)
+def test_selftest_relays_sequences_only_where_that_makes_restores_exact(kind, relays, relayout_up_to, relayout, limit):
+    e = StubEngine(kind, relays=relays)
+    got = state_selftest(e)
+    assert (got["relayout_up_to"], got["relayout"]) == (relayout_up_to, relayout)
+    assert [p["relayout"] for p in got["probes"]] == [True, relayout_up_to is None]
+    assert restore_limit(got, "exact") == limit
+    assert e.ns == [0, 0]
+
+
+@pytest.mark.parametrize("layout", ["unified", "no-window"])
+def test_relayout_is_not_asked_in_one_buffer_or_without_a_window(layout):
+    """One buffer places a restore among other sequences' cells (a layout no relayout can foresee);
+    without a window a state holds every cell, restored where it was."""
+    e = StubEngine("split")
+    if layout == "unified":
+        e.kv_unified = True
+    else:
+        e.n_swa = 0
+    got = state_selftest(e)
+    assert "relayout_up_to" not in got and got["relayout"] is False
+    assert all("relayout" not in p for p in got["probes"])
+
+
+@pytest.mark.parametrize(
+    ("selftest", "policy", "limit"),
+    [
+        ({"exact_up_to": 512, "complete_up_to": None, "relayout": True, "relayout_up_to": None}, "exact", None),
+        ({"exact_up_to": 512, "complete_up_to": None, "relayout": True, "relayout_up_to": 576}, "exact", 576),
+        ({"exact_up_to": 512, "complete_up_to": None, "relayout": False, "relayout_up_to": 512}, "exact", 512),
+        ({"exact_up_to": 512, "complete_up_to": 576, "relayout": True, "relayout_up_to": None}, "complete", None),
+    ],
+)
+def test_restore_limit_with_relaid_sequences(selftest, policy, limit):
+    assert restore_limit(selftest, policy) == limit
+
+
+@pytest.mark.parametrize("relayout", [True, False])
+def test_the_worker_relays_sequences_where_its_selftest_says_so(monkeypatch, relayout):
+    from barrel_inference.worker.server import WorkerServer
+    from barrel_inference.worker.templates import ChatTemplate
+
+    eng = FakeEngine()
+    gemma = {"exact_up_to": 512, "complete_up_to": None, "probes": [], "flash_attn": "on", "relayout": relayout,
+             "relayout_up_to": None if relayout else 512}  # fmt: skip
+    monkeypatch.setattr(eng, "state_selftest", lambda: dict(gemma))
+    server = WorkerServer(eng, ChatTemplate.choose(None, None, "fake", "", ""), model="m", bind="inproc://relayout",
+                          n_ctx=512, kv_ram_bytes=1 << 20)  # fmt: skip
+    reuse = server.scheduler.reuse
+    assert reuse.relayout is relayout
+    assert reuse.restore_up_to == (None if relayout else 512)
+    assert server.store.namespace["relayout"] is relayout  # entries of one never serve the other
+    assert ("relayout_ms_max" in reuse.stats()) is relayout

@@ -1,0 +1,70 @@
+"""KvReuse relays a sequence at its turn's end where the self-test says restores are exact only
+so (worker/kvselftest.py, "relayout"): on the fake engine, which records the calls. A sequence
+that cannot be relaid loses its cache (left as it lay, it would continue otherwise than a restore
+of it), and the session's next turn is told "evicted"."""
+
+from __future__ import annotations
+
+import pytest
+
+from barrel_inference.worker.fake import FakeEngine
+from barrel_inference.worker.kvreuse import KvReuse
+from barrel_inference.worker.kvstore import KvStore
+
+from .harness import make_request
+
+
+class RelayEngine(FakeEngine):
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail = fail
+        self.relaid: list[int] = []
+
+    def seq_relayout(self, seq: int) -> bool:
+        self.relaid.append(seq)
+        return not self.fail
+
+
+def reuse(engine, *, store: bool = True, relayout: bool = True) -> KvReuse:
+    kv = KvStore(namespace={"m": 1}, ram_bytes=1 << 20, disk_bytes=0, directory=None) if store else None
+    return KvReuse(engine, n_seq=engine.n_seq_total, max_busy=engine.n_seq_max, store=kv, relayout=relayout)
+
+
+def turn(kv: KvReuse, engine, rid: str, prompt: list[int], session: str = "S"):
+    req = make_request(engine, rid, prompt, session=session)
+    assert kv.admit(req, {}) is True
+    # what the turn committed: its prompt and one generated token
+    engine.decode(prompt[req.n_past :] + [7], list(range(req.n_past, len(prompt) + 1)), [req.seq] * (len(prompt) - req.n_past + 1),
+                  [False] * (len(prompt) - req.n_past + 1))  # fmt: skip
+    kv.release(req, prompt + [7])
+    return req
+
+
+def test_each_turn_end_relays_its_sequence():
+    e = RelayEngine()
+    kv = reuse(e)
+    first = turn(kv, e, "a", [1, 2, 3, 4, 5])
+    second = turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
+    assert e.relaid == [first.seq, second.seq]
+    assert second.cache_kind == "sticky" and second.n_cached == 6
+    assert kv.stats()["relayouts_failed"] == 0 and "relayout_ms_max" in kv.stats()
+
+
+@pytest.mark.parametrize(("store", "relayout"), [(True, False), (False, True)], ids=["no-selftest", "no-tiers"])
+def test_no_relayout_without_the_selftest_or_without_tiers(store, relayout):
+    e = RelayEngine()
+    kv = reuse(e, store=store, relayout=relayout)
+    turn(kv, e, "a", [1, 2, 3, 4, 5])
+    assert e.relaid == [] and kv.relayout is False
+    assert "relayout_ms_max" not in kv.stats()
+
+
+def test_a_sequence_that_cannot_be_relaid_loses_its_cache_and_the_next_turn_says_evicted():
+    e = RelayEngine(fail=True)
+    kv = reuse(e)
+    first = turn(kv, e, "a", [1, 2, 3, 4, 5])
+    assert e.relaid == [first.seq]
+    assert kv.pool.slots[first.seq].tokens == [] and e.seq_pos_min(first.seq) == -1
+    assert kv.stats()["relayouts_failed"] == 1
+    second = turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
+    assert second.cache_kind == "cold" and second.cache_miss == "evicted"
