@@ -49,8 +49,10 @@ class KvReuse:
         # attends over; with a buffer per sequence they cost nothing (their cells are there anyway)
         self.max_retained = max_retained_tokens if engine.kv_unified else None
         self.restore_up_to = restore_up_to  # the longest state the tiers keep (kvselftest.restore_limit); None: any
-        # relay each idle sequence's window cells as a restore would, so that it continues alike
-        # in place and restored (kvselftest.py, "relayout"); only where the tiers restore
+        # a sequence continued whole is first relaid as a restore of it would lie, so that it
+        # continues alike in place and restored (kvselftest.py, "relayout"); only where the tiers
+        # restore. Not at its turn's end: a relaid sequence holds just the window, so it could
+        # no longer be cut back (a next turn that diverged near the end, a prefix copied out)
         self.relayout = relayout and self.store is not None
         self.relayout_ms_max = 0.0
         self.relayouts_failed = 0
@@ -105,6 +107,8 @@ class KvReuse:
                 e.seq_clear(seq)
                 e.seq_copy(plan.copy_from, seq, want)
                 ok = self._fit(seq, want, want)
+            elif self.relayout and want == plan.held:
+                ok = self._relay(seq) and e.can_continue(seq, want)
             else:
                 ok = e.seq_truncate(seq, want) and e.can_continue(seq, want)
             touched = True
@@ -152,8 +156,6 @@ class KvReuse:
         (req.pin_ttl_s) keeps the cache from retention until it runs out."""
         if self.pool.release(req.seq, tokens, getattr(req, "pin_ttl_s", 0.0)):
             self.engine.seq_clear(req.seq)
-        elif self.relayout and tokens:
-            self._relay(req.seq)  # where it fails the cache is gone: the session's next turn is "evicted"
         if req.session and tokens is not None:
             self.sessions[req.session] = SessionRec(array("i", tokens), self.template_id)
             self.sessions.move_to_end(req.session)
@@ -162,15 +164,14 @@ class KvReuse:
         self.enforce_retention()
 
     def _relay(self, seq: int) -> bool:
-        """Relay an idle sequence (engine.seq_relayout); where that cannot be done its cache is
-        dropped, for a cache left in its own layout would continue otherwise than its restore."""
+        """Relay a sequence about to be continued whole (engine.seq_relayout). False where that
+        cannot be done (then its cache is not continued: left in its own layout it would continue
+        otherwise than a restore of it)."""
         t0 = time.perf_counter()
         ok = self.engine.seq_relayout(seq)
         self.relayout_ms_max = max(self.relayout_ms_max, (time.perf_counter() - t0) * 1000.0)
         if not ok:
             self.relayouts_failed += 1
-            self.engine.seq_clear(seq)
-            self.pool.forget(seq)
             self.log("kv_relayout_failed", seq=seq)
         return ok
 

@@ -67,6 +67,7 @@ class Plan:
     copy_n: int = 0
     evict: Evicted | None = None
     keep_kind: str = "cold"  # what keeping the target's own prefix is ("sticky" | "prefix"), whatever kind says
+    held: int = 0  # tokens the target's own cache held (keep == held: it is continued whole)
 
     @property
     def reused(self) -> int:
@@ -159,7 +160,7 @@ class SeqPool:
             if n > src_n:
                 src, src_n = s.seq, n
         kept_kind = kind if keep > 0 else "cold"
-        plan = Plan(target.seq, kept_kind, keep, keep_kind=kept_kind)
+        plan = Plan(target.seq, kept_kind, keep, keep_kind=kept_kind, held=len(target.tokens))
         if src_n > keep:
             plan.copy_from, plan.copy_n, plan.kind = src, src_n, "copy"
         plan.evict = evict

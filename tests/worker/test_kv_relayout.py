@@ -1,7 +1,8 @@
-"""KvReuse relays a sequence at its turn's end where the self-test says restores are exact only
-so (worker/kvselftest.py, "relayout"): on the fake engine, which records the calls. A sequence
-that cannot be relaid loses its cache (left as it lay, it would continue otherwise than a restore
-of it), and the session's next turn is told "evicted"."""
+"""KvReuse relays a sequence before it continues its whole cache where the self-test says
+restores are exact only so (worker/kvselftest.py, "relayout"), as a restore of it would lie: on
+the fake engine, which records the calls. A sequence cut back is not relaid (a relaid one holds
+just the window and could not be cut; no restore could serve that turn). One that cannot be
+relaid is not continued (left as it lay, it would continue otherwise than a restore of it)."""
 
 from __future__ import annotations
 
@@ -40,14 +41,25 @@ def turn(kv: KvReuse, engine, rid: str, prompt: list[int], session: str = "S"):
     return req
 
 
-def test_each_turn_end_relays_its_sequence():
+def test_a_sequence_continued_whole_is_relaid_first():
     e = RelayEngine()
     kv = reuse(e)
     first = turn(kv, e, "a", [1, 2, 3, 4, 5])
+    assert e.relaid == []  # a cold turn: nothing to relay
     second = turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
-    assert e.relaid == [first.seq, second.seq]
+    assert e.relaid == [first.seq] and second.seq == first.seq
     assert second.cache_kind == "sticky" and second.n_cached == 6
     assert kv.stats()["relayouts_failed"] == 0 and "relayout_ms_max" in kv.stats()
+
+
+def test_a_sequence_cut_back_is_not_relaid():
+    """The session's next prompt diverged before the end of what its sequence holds."""
+    e = RelayEngine()
+    kv = reuse(e)
+    turn(kv, e, "a", [1, 2, 3, 4, 5])
+    second = turn(kv, e, "b", [1, 2, 3, 4, 9, 9])
+    assert e.relaid == []
+    assert second.cache_kind == "sticky" and second.n_cached == 4 and second.cache_miss == "diverged-at=4"
 
 
 @pytest.mark.parametrize(("store", "relayout"), [(True, False), (False, True)], ids=["no-selftest", "no-tiers"])
@@ -55,16 +67,16 @@ def test_no_relayout_without_the_selftest_or_without_tiers(store, relayout):
     e = RelayEngine()
     kv = reuse(e, store=store, relayout=relayout)
     turn(kv, e, "a", [1, 2, 3, 4, 5])
+    turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
     assert e.relaid == [] and kv.relayout is False
     assert "relayout_ms_max" not in kv.stats()
 
 
-def test_a_sequence_that_cannot_be_relaid_loses_its_cache_and_the_next_turn_says_evicted():
+def test_a_sequence_that_cannot_be_relaid_is_not_continued():
     e = RelayEngine(fail=True)
     kv = reuse(e)
     first = turn(kv, e, "a", [1, 2, 3, 4, 5])
-    assert e.relaid == [first.seq]
-    assert kv.pool.slots[first.seq].tokens == [] and e.seq_pos_min(first.seq) == -1
-    assert kv.stats()["relayouts_failed"] == 1
     second = turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
-    assert second.cache_kind == "cold" and second.cache_miss == "evicted"
+    assert e.relaid == [first.seq]
+    assert second.cache_kind == "cold" and second.n_cached == 0 and second.cache_miss == "evicted"
+    assert kv.stats()["relayouts_failed"] == 1

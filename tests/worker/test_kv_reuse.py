@@ -51,8 +51,9 @@ def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -
     """Greedy tokens of the last turn, computed in a fresh context with the batches of the warm run.
 
     turns: (prompt, n_cached, n_generated) of every turn of this sequence's history, the last
-    being the one to compute (its n_generated tokens are sampled). relayout: the warm run relaid
-    its sequences at each turn's end (kvselftest.py), and so does the replay."""
+    being the one to compute (its n_generated tokens are sampled). relayout: the warm run relaid a
+    sequence before continuing its whole cache (kvreuse.py), and so does the replay (a restore
+    lies as a relaid sequence does)."""
     import llama_cpp as L
 
     e.recreate_context()
@@ -61,9 +62,12 @@ def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -
         return int(np.ctypeslib.as_array(L.llama_get_logits_ith(e.ctx, row), shape=(e.n_vocab,)).argmax())
 
     out: list[int] = []
+    held = 0  # positions the sequence holds
     for k, (prompt, cached, n_gen) in enumerate(turns):
         last = k == len(turns) - 1
-        if cached:
+        if cached and relayout and cached == held:
+            assert e.seq_relayout(0)
+        elif cached:
             assert e.seq_truncate(0, cached)  # what the warm run kept of the sequence
         else:
             e.seq_clear(0)
@@ -81,8 +85,7 @@ def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -
             gen.append(tok)
         if not last:  # the finished turn's last token entered the cache in a batch of its own
             assert e.decode([tok], [pos], [0], [False]) == 0
-            if relayout:
-                assert e.seq_relayout(0)
+            held = pos + 1
         if last:
             out = gen
     return out

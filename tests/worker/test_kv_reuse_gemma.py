@@ -80,10 +80,13 @@ def gemma_one(gemma_gguf):
 def test_relaid_sequences_restore_from_ram_and_disk_bit_for_bit_beyond_the_window(gemma_one, gemma_cold, tmp_path):
     """At the defaults (flash attention on, a buffer per sequence) a restored Gemma state lies in
     other cells than the run that made it, so the self-test finds restores exact only up to the
-    window; relaying each sequence at its turn's end as a restore lays it out makes them exact at
-    any length, and the tiers then keep long conversations. Two ~800-token conversations over one
-    sequence, then a restart: every turn after the first restores from RAM or disk, and each
-    equals a cold replay of the same batches with the same relayouts, bit for bit."""
+    window; relaying a sequence before it continues its whole cache, as a restore of it would lie,
+    makes them exact at any length, and the tiers then keep long conversations. Two ~850-token
+    conversations over one sequence, then a restart: x's second turn restores from RAM and its
+    third continues in place (relaid), y's first reuses x's system prompt by cutting x's cache back
+    (not relaid: a relaid cache holds just the window), its second restores from RAM and its third
+    from disk. Each turn equals a cold replay of the same batches with the same relayouts, bit
+    for bit."""
     e = gemma_one
     e.recreate_context()
     test = e.state_selftest()
@@ -93,9 +96,11 @@ def test_relaid_sequences_restore_from_ram_and_disk_bit_for_bit_beyond_the_windo
     x, y = LongConversation(e, "x", session="X"), LongConversation(e, "y", session="Y")
     store = make_store(e, tmp_path)
     with scheduler(e, store=store, restore_up_to=limit, relayout=True) as (s, c):
-        for i in range(2):
-            x.turn(s, c, f"tell me fact number {i} about the sea")
-            y.turn(s, c, f"tell me fact number {i} about the sky")
+        x.turn(s, c, "tell me fact number 0 about the sea")
+        y.turn(s, c, "tell me fact number 0 about the sky")
+        x.turn(s, c, "tell me fact number 1 about the sea")
+        x.turn(s, c, "tell me fact number 2 about the sea")
+        y.turn(s, c, "tell me fact number 1 about the sky")
         stats = s.stats()["cache"]
     store.close()
     store = make_store(e, tmp_path)  # a new worker: y's last state is on disk
@@ -103,11 +108,11 @@ def test_relaid_sequences_restore_from_ram_and_disk_bit_for_bit_beyond_the_windo
         y.turn(s, c, "and one more about the sky")
     store.close()
     assert len(x.history[0][0]) > 768
-    assert x.kinds[1:] == ["ram"] and y.kinds[1:] == ["ram", "disk"], (x.kinds, y.kinds)
+    assert x.kinds == ["cold", "ram", "sticky"] and y.kinds == ["prefix", "ram", "disk"], (x.kinds, y.kinds)
+    assert y.history[0][1] > 768  # cut back past the window's ring: the cache in place kept its slack
     assert stats["relayouts_failed"] == 0 and stats["relayout_ms_max"] > 0
     x.check_cached_grows()
     y.check_cached_grows()
     x.check_against_cold(gemma_cold, relayout=True)
-    # y's first turn reused what it could of x's first turn's state (the shared system prompt)
-    base = x.history[:1] if y.history[0][1] else ()
-    y.check_against_cold(gemma_cold, base=base, relayout=True)
+    # y's first turn kept the shared system prompt of x's first turn's cache
+    y.check_against_cold(gemma_cold, base=x.history[:1], relayout=True)
