@@ -141,7 +141,7 @@ def kv_selftest_text(test: dict | None) -> str:
     limit = test.get("restore_up_to", test.get("exact_up_to"))
     verdict = policy if limit is None else (f"not {policy}: tiers off" if limit == 0 else f"{policy} up to {limit} tokens (longer states recomputed)")
     if test.get("relayout"):  # kvselftest.py: what makes restores exact where they are not in place
-        verdict += ", idle sequences relaid as a restore lays them out"
+        verdict += ", sequences relaid as their restores lie before they go on"
     fa = test.get("flash_attn")
     hint = f"; flash_attn {fa}" if fa else ""
     if policy == "exact" and limit is not None and test.get("complete_up_to", 0) is None:

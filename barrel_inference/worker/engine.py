@@ -399,8 +399,8 @@ class LlamaEngine:
         layers' part of its state (llama.cpp's SWA_ONLY flag) and load it back in place. A state
         holds only the window's cells, and a restore puts them from the buffer's first cell on, where
         the run that made them left them around a ring; flash attention's sums depend on where
-        cells lie (kvselftest.py). A sequence relaid at every turn's end continues bit for bit as
-        its restored state would. False, the sequence untouched, while a queued copy reads or writes
+        cells lie (kvselftest.py). A sequence relaid before it is continued goes on bit for bit as its
+        restored state would. False, the sequence untouched, while a queued copy reads or writes
         its buffer (the copy would carry cells to where they no longer are); False, the sequence
         cleared, when llama.cpp refused the load."""
         if not self.n_swa:

@@ -18,8 +18,9 @@ Two questions, asked at each probe length:
 - relayout: with a buffer per sequence, a sequence whose window cells were relaid in place as a
   restore lays them out (engine.seq_relayout) and whose state is then restored into another
   sequence: do both give bit for bit the same logits at the engine's threads? Where the exact
-  question fails and this one holds, the worker relays every idle sequence at its turn's end
-  (`relayout`), so a session continues alike whether its cache stayed or came back from a tier.
+  question fails and this one holds, the worker relays a sequence before continuing its whole
+  cache (`relayout`, kvreuse.py), so a session continues alike whether its cache stayed or came
+  back from a tier.
   Only a complete state is relaid: one that lacks cells would lose them in place as well.
   One KV buffer for all sequences places a restore among the others' cells: not asked there.
 """
@@ -35,7 +36,7 @@ def state_selftest(engine) -> dict:
     """Save and restore a probe sequence and compare the next token's logits with the run that
     never left the cache. Returns {"exact_up_to": n or None (no limit), "complete_up_to": n or
     None, "relayout_up_to": n or None (absent where not asked), "relayout": whether the worker
-    relays idle sequences, "probes": [...], "flash_attn": ...}.
+    relays sequences, "probes": [...], "flash_attn": ...}.
 
     Run on an idle context (at load): it uses sequences 0 and 1 and clears them after.
     """
@@ -80,7 +81,7 @@ def state_selftest(engine) -> dict:
             ref_one = next_logits(n, 1) if window else None
             relaid_ref = relaid_got = None
             if relaid and engine.seq_relayout(0):
-                # the worker's way: relaid in place at a turn's end, then saved, and restored elsewhere
+                # the worker's way: relaid in place before it goes on, or saved and restored elsewhere
                 relaid_ref = next_logits(n, None)
                 relaid_state = engine.state_seq_save(0)
                 if engine.state_seq_load(other, relaid_state):
@@ -123,7 +124,7 @@ def _result(probes: list[dict], engine, relaid: bool = False) -> dict:
            "flash_attn": engine.flash_attn, "relayout": False}  # fmt: skip
     if relaid and probes:
         out["relayout_up_to"] = _up_to(probes, "relayout")
-        # worth its cost (a window-sized state copy per turn) only where it restores more
+        # worth its cost (a window-sized state copy per continued turn) only where it restores more
         out["relayout"] = _longer(out["relayout_up_to"], out["exact_up_to"]) != out["exact_up_to"]
     return out
 

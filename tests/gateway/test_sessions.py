@@ -121,10 +121,10 @@ def test_kv_selftest_line_of_the_doctor_report():
                      "512 tokens)")
     lost = {**gemma, "complete_up_to": 512, "kv_restore": "complete", "restore_up_to": 512,
             "probes": [gemma["probes"][0], {**gemma["probes"][1], "complete": False}]}  # fmt: skip
-    # relaid at each turn's end (the default on Gemma 3 with flash attention on): exact at any length
+    # relaid before going on (the default on Gemma 3 with flash attention on): exact at any length
     relaid = {**gemma, "relayout": True, "relayout_up_to": None, "kv_restore": "exact", "restore_up_to": None,
               "probes": [{**p, "relayout": True} for p in gemma["probes"]]}  # fmt: skip
-    assert kv_selftest_text(relaid) == ("exact, idle sequences relaid as a restore lays them out (512 tokens exact, 576 tokens "
-                                        "off by 5.4; exact at one thread; exact relaid; flash_attn on)")
+    assert kv_selftest_text(relaid) == ("exact, sequences relaid as their restores lie before they go on (512 tokens exact, "
+                                        "576 tokens off by 5.4; exact at one thread; exact relaid; flash_attn on)")
     assert kv_selftest_text({**relaid, "kv_restore": "complete"}).endswith("exact relaid; flash_attn on)")
     assert kv_selftest_text(lost).startswith("complete up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 5.4; flash_attn on (")
