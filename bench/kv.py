@@ -18,6 +18,11 @@
     (`--agents 8` over `--parallel 4`): aggregate output tokens/s and the median later-turn TTFT.
     Sessions come back to wherever their caches lie, so the running sequence ids scatter (with a
     KV buffer per sequence llama.cpp decodes each run of consecutive ids as a pass of its own).
+(f) newcomers to a shared system prompt: `--busy 2` conversations run 2 turns each with ~150-token
+    user messages (going on well past the system prompt), then `--newcomers 4` new sessions with the
+    same system prompt and a ~400-token first message arrive one after another: each one's TTFT
+    and cached tokens. On a sliding-window model (Gemma 3) a cache that has gone on cannot be cut
+    back to the shared prompt; ours saves a checkpoint there (worker/kvreuse.py).
 Every system gets the same model, threads and per-sequence context; prints figures and writes
 them to the run's work directory.
 """
@@ -111,6 +116,24 @@ async def interleaved(client: LoadClient, system: str, *, n_conv: int, turns: in
     }
 
 
+async def newcomers(client: LoadClient, system: str, count, *, busy: int, n_new: int, max_tokens: int) -> dict:
+    """(f) `busy` conversations go on past the shared system prompt, then `n_new` new sessions arrive."""
+    convs = [[{"role": "system", "content": system}] for _ in range(busy)]
+    for i in range(2):
+        for k, messages in enumerate(convs):
+            messages.append({"role": "user", "content": f"[{k}] " + workloads.long_prompt(300 + 10 * k + i, 150, count)})
+            await _turn(client, messages, max_tokens, f"busy-{k}")
+    arrivals = []
+    for j in range(n_new):
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": f"[new {j}] " + workloads.long_prompt(400 + j, 400, count)}]  # fmt: skip
+        arrivals.append(await _turn(client, messages, max_tokens, f"new-{j}"))
+    later = [t["ttft_ms"] for t in arrivals[1:] if t["ttft_ms"] is not None]
+    return {"busy": busy, "newcomers": n_new, "ttft_ms": [t["ttft_ms"] for t in arrivals],
+            "prompt_tokens": [t["prompt_tokens"] for t in arrivals], "cached_tokens": [t["cached_tokens"] for t in arrivals],
+            "ttft_ms_later_p50": percentile(later, 50)}  # fmt: skip
+
+
 D_STREAMS = 4  # (d): streams decoding while the long prompt arrives
 
 
@@ -170,7 +193,7 @@ async def restore_after_restart(server: systems.Server, kv_dir: Path, system: st
 
 
 async def _workloads(server: systems.Server, args, count, system: str, which: list[str], out: dict) -> None:
-    """Run the workloads in `which` (a, b, d, e) on one fresh start of server."""
+    """Run the workloads in `which` (a, b, d, e, f) on one fresh start of server."""
     server.proc = None
     server.start()
     try:
@@ -193,6 +216,10 @@ async def _workloads(server: systems.Server, args, count, system: str, which: li
                 log(f"(e) {args.agents} agents at once")
                 out["e"] = await agents(client, system, n_conv=args.agents, turns=args.turns, max_tokens=args.max_tokens)
                 log(json.dumps(out["e"]))
+            if "f" in which:
+                log(f"(f) {args.newcomers} newcomers after {args.busy} conversations went on")
+                out["f"] = await newcomers(client, system, count, busy=args.busy, n_new=args.newcomers, max_tokens=args.max_tokens)
+                log(json.dumps(out["f"]))
             if "d" in which:
                 log(f"(d) long prompt with retained caches ({args.d_parallel} sequences)")
                 out["d"] = await long_prompt_with_retained(
@@ -216,6 +243,10 @@ async def measure(name: str, make_server, shape: systems.Shape, args, count, sys
         if kv_dir is not None:
             shutil.rmtree(kv_dir, ignore_errors=True)  # every workload starts cold
         await _workloads(make_server(shape), args, count, system, ab, out)
+    if "f" in args.workloads:  # on a fresh start: no other workload's caches
+        if kv_dir is not None:
+            shutil.rmtree(kv_dir, ignore_errors=True)
+        await _workloads(make_server(shape), args, count, system, ["f"], out)
     if "d" in args.workloads and "d" not in ab:
         if kv_dir is not None:
             shutil.rmtree(kv_dir, ignore_errors=True)
@@ -272,7 +303,7 @@ async def run(args) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.kv", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", default="ours,llama-server")
-    p.add_argument("--workloads", default="a,b,c,d", help="comma-separated: a,b,c,d,e")
+    p.add_argument("--workloads", default="a,b,c,d", help="comma-separated: a,b,c,d,e,f")
     p.add_argument("--model", help="a GGUF path (default: the packaged gemma3:270m)")
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-tokens", type=int, default=1500)
@@ -280,6 +311,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--interleave", default="8", help="(b): conversation counts, over --parallel sequences")
     p.add_argument("--parallel", type=int, default=4, help="sequences / slots")
     p.add_argument("--agents", type=int, default=8, help="(e): conversations at once")
+    p.add_argument("--busy", type=int, default=2, help="(f): conversations that go on past the system prompt first")
+    p.add_argument("--newcomers", type=int, default=4, help="(f): new sessions that arrive after them")
     p.add_argument("--d-parallel", type=int, default=0,
                    help="(d): sequences / slots of its server (default and minimum: 3 retained + 4 streams + 1)")
     p.add_argument("--max-tokens", type=int, default=32)

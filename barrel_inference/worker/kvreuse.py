@@ -10,6 +10,12 @@ first. Saving and restoring are memcpys of one sequence's KV (bounded by n_ctx);
 writes run on the store's I/O thread, and a request whose best prefix is on disk is parked until
 it is read (other requests are admitted meanwhile).
 
+On sliding-window models (without swa_full) a cache can be continued only near its end: the
+window layers hold just the last window and a ubatch. A prompt that shares a long prefix with
+another sequence or saved state, which could not give it (that one has gone on past it), is a
+newcomer to a shared system prompt: its prefill stops at the shared length and saves its state
+there to the tiers (a checkpoint), from which later newcomers restore it.
+
 It also keeps, per session, what the session's last turn committed, to explain a miss when a
 later turn of the session reuses less (`evicted`, `diverged-at=<index>`, `template-changed`,
 `model-reloaded`).
@@ -29,6 +35,7 @@ KINDS = ("sticky", "prefix", "copy", "ram", "disk", "cold")
 MAX_SESSIONS = 1024  # remembered sessions (for miss explanations), least recently seen dropped
 MIN_SAVE = 16  # shorter caches are not worth a tier entry
 MIN_LOAD_GAIN = 64  # a disk load must beat what the sequences hold by this many tokens
+MIN_CHECKPOINT = 256  # a checkpoint must save a newcomer at least this many tokens of prefill
 
 
 @dataclass
@@ -56,6 +63,9 @@ class KvReuse:
         self.relayout = relayout and self.store is not None
         self.relayout_ms_max = 0.0
         self.relayouts_failed = 0
+        # checkpoints of shared prefixes, where only the end of a cache can be continued
+        self.checkpoints = self.store is not None and engine.n_swa > 0 and not getattr(engine, "swa_full", False)
+        self.n_checkpoints = 0
         self.template_id = template_id
         self.log = log or (lambda *a, **k: None)
         self.sessions: OrderedDict[str, SessionRec] = OrderedDict()
@@ -73,7 +83,8 @@ class KvReuse:
         prompt = req.prompt
         limit = len(prompt) - 1  # at least one prompt token is decoded, for its logits
         store, e = self.store, self.engine
-        entry, n_t = store.find(prompt) if store is not None else (None, 0)
+        usable = lambda en, k: self._restorable(en, min(k, limit))  # noqa: E731
+        entry, n_t = store.find(prompt, usable) if store is not None else (None, 0)
         n_t = min(n_t, limit)
         if entry is not None and not self._restorable(entry, n_t):
             entry, n_t = None, 0
@@ -120,8 +131,11 @@ class KvReuse:
             e.seq_clear(seq)
         elif kind in ("copy", "ram", "disk"):
             e.seq_truncate(seq, n)  # nothing beyond the reused prefix stays
+        if kind == "copy" and self.checkpoints and n >= MIN_CHECKPOINT and self._new_checkpoint(prompt, n):
+            self._checkpoint_copy(seq, prompt, n)
         req.seq = seq
         req.n_past = req.n_cached = n
+        req.checkpoint_at = self._checkpoint_at(prompt, n, live, seq) if self.checkpoints else 0
         req.cache_kind = kind if n > 0 else "cold"
         req.cache_miss = self._explain(req.session, prompt, n)
         self.hits[req.cache_kind] += 1
@@ -129,6 +143,64 @@ class KvReuse:
         self.evaluated_tokens += len(prompt) - n
         if req.cache_miss:
             self.log("cache_miss", id=req.id, session=req.session, reason=req.cache_miss, reused=n, prompt=len(prompt))
+        return True
+
+    def _new_checkpoint(self, prompt: list[int], b: int) -> bool:
+        """Would a checkpoint of prompt[:b] be kept, and is none there yet?"""
+        if self.restore_up_to is not None and b > self.restore_up_to:
+            return False
+        found, n = self.store.find(prompt[:b])
+        return found is None or not (n == found.n == b)
+
+    def _checkpoint_at(self, prompt: list[int], n: int, live: Live, seq: int) -> int:
+        """Where req's prefill should save a state for newcomers (0: nowhere): the longest prefix it
+        shares with another sequence's committed tokens or a saved state, where that is at least
+        MIN_CHECKPOINT beyond what it reused (so that one could not give it) and the tiers keep
+        states of that length."""
+        b = 0
+        for slot in self.pool.slots:
+            if slot.seq != seq:
+                toks = live[slot.seq][0][: live[slot.seq][1]] if slot.busy and slot.seq in live else slot.tokens
+                b = max(b, common_prefix(toks, prompt))
+        b = min(max(b, self.store.find(prompt)[1]), len(prompt) - 1)
+        if b < n + MIN_CHECKPOINT or not self._new_checkpoint(prompt, b):
+            return 0
+        return b
+
+    def _checkpoint_copy(self, seq: int, prompt: list[int], n: int) -> None:
+        """seq just got a prefix of n tokens copied from another sequence, which will go on past it:
+        keep it as a checkpoint. A copy between KV buffers waits for the next decode, so one is run
+        here: the prompt's next token, taken back at once."""
+        e = self.engine
+        if not e.kv_unified:
+            if e.decode([prompt[n]], [n], [seq], [False]) != 0:
+                return
+            if not e.seq_truncate(seq, n):
+                e.seq_clear(seq)  # cannot happen: the token just added goes as it came
+                raise RuntimeError("a checkpoint could not take back its own token")
+        self._save_checkpoint(seq, prompt[:n])
+
+    def checkpoint(self, req) -> bool:
+        """req's prefill reached req.checkpoint_at: its state there goes to the tiers. False when
+        its cache was lost (the request cannot go on)."""
+        req.checkpoint_at = 0
+        return self._save_checkpoint(req.seq, req.prompt[: req.n_past])
+
+    def _save_checkpoint(self, seq: int, tokens: list[int]) -> bool:
+        """Save seq's state (it holds exactly `tokens`) to the tiers, relaid first where restores are
+        exact only so, so that it goes on as the restores will. False when relaying lost its cache."""
+        e, n = self.engine, len(tokens)
+        if self.relayout and not self._relay(seq):
+            return e.seq_pos_min(seq) >= 0  # left as it was (a queued copy): no checkpoint
+        pos_min = e.seq_pos_min(seq)
+        if pos_min < 0 or pos_min > e.window_start(n):
+            return True
+        t0 = time.perf_counter()
+        data = e.state_seq_save(seq)
+        self.save_ms_max = max(self.save_ms_max, (time.perf_counter() - t0) * 1000.0)
+        if data and self.store.put(tokens, data, template=self.template_id, pos_min=pos_min) is not None:
+            self.n_checkpoints += 1
+            self.log("kv_checkpoint", seq=seq, tokens=n, bytes=len(data))
         return True
 
     def _restorable(self, entry, n: int) -> bool:
@@ -264,6 +336,8 @@ class KvReuse:
             "sessions": len(self.sessions), "save_ms_max": round(self.save_ms_max, 2),
             "restore_ms_max": round(self.restore_ms_max, 2),
         }  # fmt: skip
+        if self.checkpoints:
+            out["checkpoints"] = self.n_checkpoints
         if self.relayout:
             out["relayout_ms_max"] = round(self.relayout_ms_max, 2)
             out["relayouts_failed"] = self.relayouts_failed

@@ -142,8 +142,9 @@ class KvStore:
             self._spill_locked()
         return e
 
-    def find(self, prompt) -> tuple[Entry | None, int]:
-        """The entry sharing the longest prefix with prompt, and that length."""
+    def find(self, prompt, usable=None) -> tuple[Entry | None, int]:
+        """The entry sharing the longest prefix with prompt, and that length; usable(entry, n): only
+        entries that can be continued at their shared length n count."""
         best, best_n = None, 0
         with self._lock:
             entries = list(self._entries.values())
@@ -152,6 +153,8 @@ class KvStore:
         prompt = prompt if isinstance(prompt, array) else array("i", prompt)
         for e in entries:
             n = common_prefix(e.tokens, prompt)
+            if usable is not None and n > 0 and not usable(e, n):
+                continue
             if n > best_n or (n == best_n and best is not None and n and e.data is not None and best.data is None):
                 best, best_n = e, n
         return best, best_n

@@ -25,6 +25,7 @@ class Request:
         "detok", "stops", "pending_parts", "pending_tokens", "pending_n", "history", "hook", "tool_replay",
         "schema_receipt", "logprobs", "pending_logprobs",
         "t_submit", "t_start", "t_first", "t_end", "t_tail", "cache_kind", "cache_miss", "parked", "parked_on", "pin_ttl_s",
+        "checkpoint_at",
     )  # fmt: skip
 
     def __init__(self, id: str, peer: bytes, prompt: list[int], *, sampling, grammar, max_tokens, session,
@@ -67,6 +68,7 @@ class Request:
         self.parked = False  # has waited once for a saved state to load from disk
         self.parked_on = None  # the entry it waits for
         self.pin_ttl_s = 0.0  # its cache is kept this long before retention may drop it (Submit.pin_ttl_s)
+        self.checkpoint_at = 0  # a prompt length at which its prefill saves a state for others (kvreuse.py)
 
     # ---- output -------------------------------------------------------------------------
     def emit(self, *parts) -> None:

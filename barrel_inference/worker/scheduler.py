@@ -251,6 +251,8 @@ class Scheduler:
                 continue
             chunk = even or (self.prefill_chunk if chunks else self.first_chunk(n_decode))
             take = min(chunk, budget, len(r.prompt) - r.n_past)
+            if r.n_past < r.checkpoint_at < r.n_past + take:  # the chunk ends where a checkpoint is saved
+                take = r.checkpoint_at - r.n_past
             start = r.n_past
             for i in range(take):
                 tokens.append(r.prompt[start + i])
@@ -282,6 +284,9 @@ class Scheduler:
                 r.phase = Phase.DONE
         for r, take in chunks:
             r.n_past += take
+            if r.n_past == r.checkpoint_at and not self.reuse.checkpoint(r):
+                err = ErrorInfo(ErrorCode.INTERNAL, "llama.cpp refused a KV state of the request's own sequence", retryable=True)
+                self._finish(r, out, FinishReason.ERROR, error=err)
         sampled: list[tuple[Request, int]] = []
         for r in self.active:
             if r.row >= 0:

@@ -50,9 +50,10 @@ def cold_engine(tiny_gguf):
 def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -> list[int]:
     """Greedy tokens of the last turn, computed in a fresh context with the batches of the warm run.
 
-    turns: (prompt, n_cached, n_generated) of every turn of this sequence's history, the last
-    being the one to compute (its n_generated tokens are sampled). relayout: the warm run relaid a
-    sequence before continuing its whole cache (kvreuse.py), and so does the replay (a restore
+    turns: (prompt, n_cached, n_generated[, split]) of every turn of this sequence's history, the
+    last being the one to compute (its n_generated tokens are sampled); split: where the turn's
+    prefill stopped to save a checkpoint (kvreuse.py). relayout: the warm run relaid a sequence
+    before continuing its whole cache or saving a checkpoint, and so does the replay (a restore
     lies as a relaid sequence does)."""
     import llama_cpp as L
 
@@ -63,7 +64,7 @@ def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -
 
     out: list[int] = []
     held = 0  # positions the sequence holds
-    for k, (prompt, cached, n_gen) in enumerate(turns):
+    for k, (prompt, cached, n_gen, *split) in enumerate(turns):
         last = k == len(turns) - 1
         if cached and relayout and cached == held:
             assert e.seq_relayout(0)
@@ -71,10 +72,16 @@ def replay(e, turns: list[tuple[list[int], int, int]], relayout: bool = False) -
             assert e.seq_truncate(0, cached)  # what the warm run kept of the sequence
         else:
             e.seq_clear(0)
-        for start in range(cached, len(prompt), CHUNK):
-            part = prompt[start : start + CHUNK]
-            end = start + len(part) == len(prompt)
-            assert e.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * (len(part) - 1) + [end]) == 0
+        stops = [b for b in split if cached < b < len(prompt)] + [len(prompt)]
+        begin = cached
+        for stop in stops:
+            if begin > cached and relayout:
+                assert e.seq_relayout(0)  # the checkpoint
+            for start in range(begin, stop, CHUNK):
+                part = prompt[start : min(stop, start + CHUNK)]
+                end = start + len(part) == len(prompt)
+                assert e.decode(part, list(range(start, start + len(part))), [0] * len(part), [False] * (len(part) - 1) + [end]) == 0
+            begin = stop
         tok = argmax(-1)
         gen = [tok]
         pos = len(prompt)
@@ -138,12 +145,12 @@ class Conversation:
 
 
 def scheduler(engine, *, n_seq=None, store=None, max_retained=None, template="t", restore_up_to=None, log=None,
-              relayout=False):  # fmt: skip
+              relayout=False, n_ctx=N_CTX):  # fmt: skip
     engine.recreate_context()
     reuse = KvReuse(engine, n_seq=n_seq or engine.n_seq_total, store=store, max_retained_tokens=max_retained,
                     restore_up_to=restore_up_to, template_id=template, max_busy=engine.n_seq_max, log=log,
                     relayout=relayout)  # fmt: skip
-    run = Running(engine, n_ctx=N_CTX, prefill_chunk=CHUNK, reuse=reuse)
+    run = Running(engine, n_ctx=n_ctx, prefill_chunk=CHUNK, reuse=reuse)
     if store is not None:
         store.on_loaded = run.s.entry_loaded
     return run

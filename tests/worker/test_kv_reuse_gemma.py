@@ -10,6 +10,8 @@ import pytest
 from barrel_inference.worker.kvselftest import restore_limit
 
 from .harness import Running
+from barrel_inference.worker.seqpool import common_prefix
+
 from .test_kv_reuse import CHUNK, MAX_TOKENS, N_CTX, SYSTEM, Conversation, make_store, replay, scheduler
 
 pytestmark = pytest.mark.gemma
@@ -116,3 +118,50 @@ def test_relaid_sequences_restore_from_ram_and_disk_bit_for_bit_beyond_the_windo
     x.check_against_cold(gemma_cold, relayout=True)
     # y's first turn kept the shared system prompt of x's first turn's cache
     y.check_against_cold(gemma_cold, base=x.history[:1], relayout=True)
+
+
+@pytest.fixture(scope="module")
+def gemma_long(gemma_gguf):
+    from barrel_inference.worker.engine import LlamaEngine
+
+    e = LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=2, n_batch=256, threads=2, extra_buffers=False)  # AMX layouts crash on Gemma here
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def gemma_cold_long(gemma_gguf):
+    from barrel_inference.worker.engine import LlamaEngine
+
+    e = LlamaEngine(str(gemma_gguf), n_ctx=2048, n_seq_max=1, n_batch=256, threads=2, extra_buffers=False)  # AMX layouts crash on Gemma here
+    yield e
+    e.close()
+
+
+def test_a_shared_system_prompt_past_the_window_is_checkpointed_for_newcomers(gemma_long, gemma_cold_long):
+    """x's conversation has gone ~300 tokens past the ~830-token system prompt it shares with the
+    newcomers, so its window layers no longer hold what a copy at the shared length needs (and a
+    saved state of it could not be cut back there). The first newcomer, y, recomputes the prompt
+    but stops its prefill at the shared length, is relaid there and saves a checkpoint, and goes on
+    ~300 tokens past it too; the next, z, restores the checkpoint. Both equal a cold replay of the
+    same batches and relayouts, bit for bit."""
+    e = gemma_long
+    e.recreate_context()
+    test = e.state_selftest()
+    assert test["relayout"], test
+    x, y, z = (LongConversation(e, n, session=n.upper()) for n in ("x", "y", "z"))
+    store = make_store(e, None)
+    with scheduler(e, store=store, restore_up_to=restore_limit(test, "exact"), relayout=True, n_ctx=2048) as (s, c):
+        for i in range(3):
+            x.turn(s, c, f"tell me fact number {i} about the sea, in detail. " * 12)
+        y.turn(s, c, "tell me a fact about the sky, in detail. " * 30)  # y too goes on well past it
+        z.turn(s, c, "tell me a fact about the moon")
+        stats = s.stats()["cache"]
+    held_by_x = x.history[-1][0] + x.outputs[-1]
+    b = common_prefix(y.history[0][0], held_by_x)
+    assert len(held_by_x) > b + 257 and b > 768  # x is past the shared prompt by more than its ring keeps
+    assert y.kinds == ["cold"] and z.kinds == ["ram"] and z.history[0][1] == b, (y.kinds, z.kinds, z.history[0][1], b)
+    assert stats["checkpoints"] == 1
+    (y_prompt, _, y_gen), (z_prompt, _, z_gen) = y.history[0], z.history[0]
+    assert y.outputs[0] == replay(gemma_cold_long, [(y_prompt, 0, y_gen, b)], relayout=True)
+    assert z.outputs[0] == replay(gemma_cold_long, [(y_prompt, 0, y_gen, b), (z_prompt, b, z_gen)], relayout=True)
