@@ -132,7 +132,9 @@ class KvReuse:
         elif kind in ("copy", "ram", "disk"):
             e.seq_truncate(seq, n)  # nothing beyond the reused prefix stays
         if kind == "copy" and self.checkpoints and n >= MIN_CHECKPOINT and self._new_checkpoint(prompt, n):
-            self._checkpoint_copy(seq, prompt, n)
+            if not self._checkpoint_copy(seq, prompt, n):  # relaying lost the copy: recomputed
+                e.seq_clear(seq)
+                n, kind = 0, "cold"
         req.seq = seq
         req.n_past = req.n_cached = n
         req.checkpoint_at = self._checkpoint_at(prompt, n, live, seq) if self.checkpoints else 0
@@ -167,24 +169,32 @@ class KvReuse:
             return 0
         return b
 
-    def _checkpoint_copy(self, seq: int, prompt: list[int], n: int) -> None:
+    def _checkpoint_copy(self, seq: int, prompt: list[int], n: int) -> bool:
         """seq just got a prefix of n tokens copied from another sequence, which will go on past it:
         keep it as a checkpoint. A copy between KV buffers waits for the next decode, so one is run
-        here: the prompt's next token, taken back at once."""
+        here: the prompt's next token, taken back at once. False when seq lost what it held."""
         e = self.engine
         if not e.kv_unified:
             if e.decode([prompt[n]], [n], [seq], [False]) != 0:
-                return
+                return True  # no checkpoint; the copy stands
             if not e.seq_truncate(seq, n):
-                e.seq_clear(seq)  # cannot happen: the token just added goes as it came
-                raise RuntimeError("a checkpoint could not take back its own token")
-        self._save_checkpoint(seq, prompt[:n])
+                return False  # cannot happen: the token just added goes as it came
+        return self._save_checkpoint(seq, prompt[:n])
 
-    def checkpoint(self, req) -> bool:
-        """req's prefill reached req.checkpoint_at: its state there goes to the tiers. False when
-        its cache was lost (the request cannot go on)."""
+    def checkpoint(self, req) -> None:
+        """req's prefill reached req.checkpoint_at: its state there goes to the tiers. Where that
+        lost its cache, req is recomputed from the start (it is counted as cold)."""
         req.checkpoint_at = 0
-        return self._save_checkpoint(req.seq, req.prompt[: req.n_past])
+        if self._save_checkpoint(req.seq, req.prompt[: req.n_past]):
+            return
+        self.engine.seq_clear(req.seq)
+        self.log("kv_checkpoint_lost", id=req.id, tokens=req.n_past)
+        self.hits[req.cache_kind] -= 1
+        self.hits["cold"] += 1
+        self.reused_tokens -= req.n_cached
+        self.evaluated_tokens += req.n_cached
+        req.n_past = req.n_cached = 0
+        req.cache_kind = "cold"
 
     def _save_checkpoint(self, seq: int, tokens: list[int]) -> bool:
         """Save seq's state (it holds exactly `tokens`) to the tiers, relaid first where restores are

@@ -284,9 +284,8 @@ class Scheduler:
                 r.phase = Phase.DONE
         for r, take in chunks:
             r.n_past += take
-            if r.n_past == r.checkpoint_at and not self.reuse.checkpoint(r):
-                err = ErrorInfo(ErrorCode.INTERNAL, "llama.cpp refused a KV state of the request's own sequence", retryable=True)
-                self._finish(r, out, FinishReason.ERROR, error=err)
+            if r.n_past == r.checkpoint_at:
+                self.reuse.checkpoint(r)  # (where that lost its cache, the prompt starts over)
         sampled: list[tuple[Request, int]] = []
         for r in self.active:
             if r.row >= 0:

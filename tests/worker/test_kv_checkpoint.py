@@ -121,3 +121,29 @@ def test_a_copied_prefix_is_checkpointed_before_its_source_goes_on():
     assert [done[k].cache.kind for k in ("x2", "y2")] == ["sticky", "sticky"]
     assert done["z1"].cache.kind == "ram" and done["z1"].usage.cached_tokens == len(SYSTEM)
     assert kv.stats()["checkpoints"] == 1
+
+
+def test_a_request_whose_checkpoint_lost_its_cache_is_recomputed():
+    """Fault injection: relaying before a checkpoint is saved fails and clears the sequence
+    (llama.cpp refusing the load), once at y's copy, then again where its prefill stops to save
+    the prefix it shares: each time y starts over, and is answered in full, never continued on
+    nothing."""
+
+    class Refusing(WindowEngine):
+        def seq_relayout(self, seq: int) -> bool:
+            self.seq_clear(seq)
+            return False
+
+    e = Refusing(64, n_seq_max=2)
+    kv = KvReuse(e, n_seq=e.n_seq_total, max_busy=e.n_seq_max, relayout=True,
+                 store=KvStore(namespace={"m": 1}, ram_bytes=1 << 24, disk_bytes=0, directory=None))  # fmt: skip
+    with Running(e, prefill_chunk=256, reuse=kv) as (s, c):
+        s.submit(make_request(e, "x", SYSTEM + "x: hi", max_tokens=4, session="x"))
+        c.wait(["x"])
+        s.submit(make_request(e, "y", SYSTEM + "y: hi", max_tokens=4, session="y"))
+        c.wait(["y"])
+        y = c.done()["y"]
+    assert y.error is None and y.cache.kind == "cold" and y.usage.cached_tokens == 0
+    assert y.usage.completion_tokens == 4
+    assert kv.stats()["relayouts_failed"] == 2 and kv.stats()["checkpoints"] == 0
+    assert kv.stats()["hits"]["copy"] == 0 and kv.stats()["hits"]["cold"] == 2
