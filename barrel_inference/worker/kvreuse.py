@@ -11,10 +11,11 @@ writes run on the store's I/O thread, and a request whose best prefix is on disk
 it is read (other requests are admitted meanwhile).
 
 On sliding-window models (without swa_full) a cache can be continued only near its end: the
-window layers hold just the last window and a ubatch. A prompt that shares a long prefix with
-another sequence or saved state, which could not give it (that one has gone on past it), is a
-newcomer to a shared system prompt: its prefill stops at the shared length and saves its state
-there to the tiers (a checkpoint), from which later newcomers restore it.
+window layers hold just the last window and a ubatch. So shared prefixes are kept as checkpoints
+in the tiers, from which later newcomers restore them once every sequence holding them has gone
+on: a long prefix copied from another sequence is saved as soon as it is copied, and a prompt that
+shares a long prefix with another sequence or saved state which could not give it stops its
+prefill at the shared length to save its state there.
 
 It also keeps, per session, what the session's last turn committed, to explain a miss when a
 later turn of the session reuses less (`evicted`, `diverged-at=<index>`, `template-changed`,
