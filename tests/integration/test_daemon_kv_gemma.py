@@ -50,3 +50,33 @@ def test_a_long_gemma_conversation_is_restored_from_disk_after_a_restart(tmp_pat
         assert "x-cache-miss" not in r3.headers
         assert r3.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= u2["prompt_tokens"]
         assert stats(c)["cache"]["hits"]["disk"] == 1
+
+
+def test_a_shared_system_prompt_outlives_the_conversations_that_hold_it(tmp_path):
+    """x and y share a ~1,000-token system prompt (y copies it from x's cache, and the worker keeps
+    the copy as a checkpoint); both then go on far past it, so neither cache reaches back to it.
+    A newcomer z restores the checkpoint instead of recomputing the prompt."""
+
+    def session(c, name, messages):
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 8},
+                   headers={"x-session-id": name})  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r
+
+    def first(name):
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"I am {name}. Name a colour."}]
+
+    with Daemon(tmp_path, {}, n_seq_max=2, n_ctx=4096, threads=2, embed_default=True) as d, httpx.Client(base_url=d.url, timeout=120) as c:
+        convs = {}
+        for name in ("x", "y"):
+            convs[name] = first(name)
+            r = session(c, name, convs[name])
+            convs[name] += [r.json()["choices"][0]["message"], {"role": "user", "content": "Tell me more. " * 150}]
+        assert stats(c)["cache"]["hits"]["copy"] == 1 and stats(c)["cache"]["checkpoints"] == 1
+        for name in ("x", "y"):
+            session(c, name, convs[name])  # both go ~600 tokens past the shared prompt
+        r = session(c, "z", first("z"))
+        s = stats(c)
+    shared = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert shared > 1000 and s["cache"]["hits"]["ram"] == 1, (shared, s["cache"]["hits"])
+    assert s["cache"]["checkpoints"] == 1
