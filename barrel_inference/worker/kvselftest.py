@@ -136,17 +136,27 @@ def _longer(a: int | None, b: int | None) -> int | None:
 
 def restore_limit(selftest: dict | None, policy: str) -> int | None:
     """The longest state the tiers restore under kv_restore = policy ("exact" / "complete"): None
-    for any length, 0 for none. "exact": what the relaid layout restores where the worker relays
-    sequences, else what restores in place bit for bit; "complete" adds what does at one thread. A
-    self-test from an older worker has no "complete_up_to": the exact limit stands."""
+    for any length, 0 for none. "exact": what restores bit for bit, relaid where the self-test
+    found relaying worthwhile (the worker then relays: relays(selftest, policy)), else in place;
+    "complete": what restores bit for bit in place or at one thread, nothing relaid. A self-test
+    from an older worker has no "complete_up_to": the exact limit stands."""
     if policy not in RESTORE_POLICIES:
         raise ValueError(f"kv_restore must be one of {', '.join(RESTORE_POLICIES)}, not {policy!r}")
     if not selftest:
         return None
-    exact = selftest["relayout_up_to"] if selftest.get("relayout") else selftest.get("exact_up_to")
+    if relays(selftest, policy):
+        return selftest["relayout_up_to"]
     if policy == "complete" and "complete_up_to" in selftest:
-        return _longer(exact, selftest["complete_up_to"])
-    return exact
+        return _longer(selftest.get("exact_up_to"), selftest["complete_up_to"])
+    return selftest.get("exact_up_to")
+
+
+def relays(selftest: dict | None, policy: str) -> bool:
+    """Does the worker relay sequences (kvreuse.py)? Under "exact", where the self-test found that
+    it restores more; "complete" accepts restores that differ only in where cells lie, so the
+    cost of relaying (a copy of the window per continued turn, and the cells a relaid cache can
+    no longer be cut back to) buys it nothing."""
+    return bool(selftest and selftest.get("relayout")) and policy == "exact"
 
 
 RESTORE_POLICIES = ("exact", "complete")

@@ -37,7 +37,7 @@ from .kvreuse import KvReuse
 from .kvstore import KvStore
 from .prompt import PromptBuilder, PromptError
 from .request import Request
-from .kvselftest import restore_limit
+from .kvselftest import relays, restore_limit
 from .scheduler import Scheduler, error_done
 from .templates import ChatTemplate, TemplateError
 from .toolhook import PlanError, template_switches
@@ -92,12 +92,14 @@ class WorkerServer:
             # length, longer states are not saved
             self.kv_selftest = {**engine.state_selftest(), "kv_restore": kv_restore}
             restore_up_to = restore_limit(self.kv_selftest, kv_restore)
+            # sequences relaid before they go on, where that is what makes restores exact: from here
+            # on "relayout" says what the worker does (the test's finding stays in relayout_up_to)
+            self.kv_selftest["relayout"] = relays(self.kv_selftest, kv_restore)
             self.kv_selftest["restore_up_to"] = restore_up_to
             self.log("kv_selftest", model=model, **self.kv_selftest)
             if self.engine_info is not None:
                 self.engine_info = msgspec.structs.replace(self.engine_info, kv_selftest=self.kv_selftest)
-        # sequences relaid at their turns' ends, where that is what makes restores exact
-        relayout = bool(self.kv_selftest and self.kv_selftest.get("relayout"))
+        relayout = bool(self.kv_selftest and self.kv_selftest["relayout"])
         template_id = hashlib.sha256((template.name + "\0" + template.source).encode()).hexdigest()[:16]
         if kv_ram_bytes > 0 and restore_up_to != 0:
             # entries saved under another limit (kv_restore changed) are not restored under this one

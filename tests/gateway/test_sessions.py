@@ -126,5 +126,8 @@ def test_kv_selftest_line_of_the_doctor_report():
               "probes": [{**p, "relayout": True} for p in gemma["probes"]]}  # fmt: skip
     assert kv_selftest_text(relaid) == ("exact, sequences relaid as their restores lie before they go on (512 tokens exact, "
                                         "576 tokens off by 5.4; exact at one thread; exact relaid; flash_attn on)")
-    assert kv_selftest_text({**relaid, "kv_restore": "complete"}).endswith("exact relaid; flash_attn on)")
+    # "complete" relays nothing (the probes still say what relaying would give)
+    assert kv_selftest_text({**relaid, "kv_restore": "complete", "relayout": False}) == (
+        "complete (512 tokens exact, 576 tokens off by 5.4; exact at one thread; exact relaid; flash_attn on; bit for bit "
+        "up to 512 tokens)")  # fmt: skip
     assert kv_selftest_text(lost).startswith("complete up to 512 tokens (longer states recomputed) (512 tokens exact, 576 tokens off by 5.4; flash_attn on (")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from barrel_inference.worker.fake import FakeEngine
-from barrel_inference.worker.kvselftest import restore_limit, state_selftest
+from barrel_inference.worker.kvselftest import relays, restore_limit, state_selftest
 
 
 class StubEngine:
@@ -180,15 +180,18 @@ def test_relayout_is_not_asked_in_one_buffer_or_without_a_window(layout):
         ({"exact_up_to": 512, "complete_up_to": None, "relayout": True, "relayout_up_to": None}, "exact", None),
         ({"exact_up_to": 512, "complete_up_to": None, "relayout": True, "relayout_up_to": 576}, "exact", 576),
         ({"exact_up_to": 512, "complete_up_to": None, "relayout": False, "relayout_up_to": 512}, "exact", 512),
-        ({"exact_up_to": 512, "complete_up_to": 576, "relayout": True, "relayout_up_to": None}, "complete", None),
+        # "complete" relays nothing: what restores in place or at one thread
+        ({"exact_up_to": 512, "complete_up_to": 576, "relayout": True, "relayout_up_to": None}, "complete", 576),
+        ({"exact_up_to": 512, "complete_up_to": None, "relayout": True, "relayout_up_to": None}, "complete", None),
     ],
 )
 def test_restore_limit_with_relaid_sequences(selftest, policy, limit):
     assert restore_limit(selftest, policy) == limit
+    assert relays(selftest, policy) is (policy == "exact" and selftest["relayout"])
 
 
-@pytest.mark.parametrize("relayout", [True, False])
-def test_the_worker_relays_sequences_where_its_selftest_says_so(monkeypatch, relayout):
+@pytest.mark.parametrize(("relayout", "policy"), [(True, "exact"), (False, "exact"), (True, "complete")])
+def test_the_worker_relays_sequences_where_its_selftest_says_so(monkeypatch, relayout, policy):
     from barrel_inference.worker.server import WorkerServer
     from barrel_inference.worker.templates import ChatTemplate
 
@@ -197,9 +200,10 @@ def test_the_worker_relays_sequences_where_its_selftest_says_so(monkeypatch, rel
              "relayout_up_to": None if relayout else 512}  # fmt: skip
     monkeypatch.setattr(eng, "state_selftest", lambda: dict(gemma))
     server = WorkerServer(eng, ChatTemplate.choose(None, None, "fake", "", ""), model="m", bind="inproc://relayout",
-                          n_ctx=512, kv_ram_bytes=1 << 20)  # fmt: skip
+                          n_ctx=512, kv_ram_bytes=1 << 20, kv_restore=policy)  # fmt: skip
     reuse = server.scheduler.reuse
-    assert reuse.relayout is relayout
-    assert reuse.restore_up_to == (None if relayout else 512)
-    assert server.store.namespace["relayout"] is relayout  # entries of one never serve the other
-    assert ("relayout_ms_max" in reuse.stats()) is relayout
+    relaid = relayout and policy == "exact"  # "complete" restores the states it would make exact anyway
+    assert reuse.relayout is relaid and server.kv_selftest["relayout"] is relaid  # (what /api/stats shows)
+    assert reuse.restore_up_to == (None if relayout or policy == "complete" else 512)
+    assert server.store.namespace["relayout"] is relaid  # entries of one never serve the other
+    assert ("relayout_ms_max" in reuse.stats()) is relaid
