@@ -9,7 +9,6 @@ import pytest
 
 from barrel_inference.worker.kvselftest import restore_limit
 
-from .harness import Running
 from barrel_inference.worker.seqpool import common_prefix
 
 from .test_kv_reuse import CHUNK, MAX_TOKENS, N_CTX, SYSTEM, Conversation, make_store, replay, scheduler
