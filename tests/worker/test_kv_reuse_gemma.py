@@ -8,7 +8,6 @@ run (the whole prompt in one pass of chunks from position 0) is printed.
 import pytest
 
 from barrel_inference.worker.kvselftest import restore_limit
-
 from barrel_inference.worker.seqpool import common_prefix
 
 from .test_kv_reuse import CHUNK, MAX_TOKENS, N_CTX, SYSTEM, Conversation, make_store, replay, scheduler
