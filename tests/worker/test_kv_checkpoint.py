@@ -147,3 +147,18 @@ def test_a_request_whose_checkpoint_lost_its_cache_is_recomputed():
     assert y.usage.completion_tokens == 4
     assert kv.stats()["relayouts_failed"] == 2 and kv.stats()["checkpoints"] == 0
     assert kv.stats()["hits"]["copy"] == 0 and kv.stats()["hits"]["cold"] == 2
+
+
+def test_find_skips_a_longer_entry_that_cannot_be_cut_back():
+    """A conversation's saved state shares the whole system prompt with a newcomer, and so does a
+    checkpoint of that prompt; only the checkpoint can be continued there (`usable`)."""
+    store = KvStore(namespace={"m": 1}, ram_bytes=1 << 20, disk_bytes=0, directory=None)
+    system = [7] * 300
+    store.put(system + [1] * 200, b"conversation", pos_min=300)
+    store.put(system, b"checkpoint", pos_min=0)
+    newcomer = system + [2] * 10
+    whole, n = store.find(newcomer)
+    assert (store.take(whole), n) == (b"conversation", 300)  # a tie: the first entry found stands
+    usable = lambda entry, k: entry.pos_min <= k - 256  # noqa: E731  (a window of 256)
+    found, n = store.find(newcomer, usable)
+    assert (store.take(found), n) == (b"checkpoint", 300)
