@@ -120,7 +120,7 @@ class KvReuse:
                 e.seq_copy(plan.copy_from, seq, want)
                 ok = self._fit(seq, want, want)
             elif self.relayout and want == plan.held:
-                ok = self._relay(seq) and e.can_continue(seq, want)
+                ok = self._relay(seq, (prompt[want], want)) and e.can_continue(seq, want)
             else:
                 ok = e.seq_truncate(seq, want) and e.can_continue(seq, want)
             touched = True
@@ -246,12 +246,19 @@ class KvReuse:
                 self.sessions.popitem(last=False)
         self.enforce_retention()
 
-    def _relay(self, seq: int) -> bool:
+    def _relay(self, seq: int, nxt: tuple[int, int] | None = None) -> bool:
         """Relay a sequence about to be continued whole (engine.seq_relayout). False where that
         cannot be done (then its cache is not continued: left in its own layout it would continue
-        otherwise than a restore of it)."""
+        otherwise than a restore of it). A copy out of it that another request of this round queued
+        is refused until a decode makes it: given the sequence's next (token, position), one is
+        run there and taken back."""
+        e = self.engine
         t0 = time.perf_counter()
-        ok = self.engine.seq_relayout(seq)
+        ok = e.seq_relayout(seq)
+        if not ok and nxt is not None and e.seq_pos_min(seq) >= 0:
+            token, n = nxt
+            if e.decode([token], [n], [seq], [False]) == 0 and e.seq_truncate(seq, n):
+                ok = e.seq_relayout(seq)
         self.relayout_ms_max = max(self.relayout_ms_max, (time.perf_counter() - t0) * 1000.0)
         if not ok:
             self.relayouts_failed += 1

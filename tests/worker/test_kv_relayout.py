@@ -77,6 +77,46 @@ def test_a_sequence_that_cannot_be_relaid_is_not_continued():
     kv = reuse(e)
     first = turn(kv, e, "a", [1, 2, 3, 4, 5])
     second = turn(kv, e, "b", [1, 2, 3, 4, 5, 7, 8, 9])
-    assert e.relaid == [first.seq]
+    assert e.relaid == [first.seq, first.seq]  # refused with its cells left: tried again after a decode
     assert second.cache_kind == "cold" and second.n_cached == 0 and second.cache_miss == "evicted"
     assert kv.stats()["relayouts_failed"] == 1
+
+
+class PendingCopyEngine(RelayEngine):
+    """Refuses to relay a sequence while a copy out of it waits for a decode, as llama.cpp's
+    buffer copies do (engine.seq_relayout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copy_from: set[int] = set()
+        self.decodes = 0
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        self._match[dst] = list(self._match[src][: n + 1])
+        self.copy_from.add(src)
+
+    def decode(self, tokens, pos, seqs, logits) -> int:
+        self.decodes += 1
+        self.copy_from.clear()
+        return super().decode(tokens, pos, seqs, logits)
+
+    def seq_relayout(self, seq: int) -> bool:
+        self.relaid.append(seq)
+        return seq not in self.copy_from
+
+
+def test_a_copy_out_of_a_sequence_queued_in_the_same_round_is_made_before_it_is_relaid():
+    """A newcomer copies the prefix of S's idle cache, and in the same round S's own session
+    continues it whole: the relay is refused while the copy waits, so a one-token decode makes the
+    copy (its token taken back) and the relay goes through; S's turn stays sticky."""
+    e = PendingCopyEngine()
+    kv = reuse(e)
+    first = turn(kv, e, "a", [1, 2, 3, 4, 5], session="S")
+    other = make_request(e, "n", [1, 2, 3, 4, 5, 7, 6], session="N")
+    assert kv.admit(other, {}) is True and other.cache_kind == "copy" and e.copy_from == {first.seq}
+    decodes = e.decodes
+    own = make_request(e, "b", [1, 2, 3, 4, 5, 7, 8, 9], session="S")
+    assert kv.admit(own, {}) is True
+    assert own.seq == first.seq and own.cache_kind == "sticky" and own.n_cached == 6
+    assert e.relaid == [first.seq, first.seq] and e.decodes == decodes + 1
+    assert e.seq_pos_min(own.seq) >= 0 and e.can_continue(own.seq, 6)  # the token was taken back
