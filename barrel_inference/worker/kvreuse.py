@@ -85,7 +85,7 @@ class KvReuse:
         limit = len(prompt) - 1  # at least one prompt token is decoded, for its logits
         store, e = self.store, self.engine
         usable = lambda en, k: self._restorable(en, min(k, limit))  # noqa: E731
-        entry, n_t = store.find(prompt, usable) if store is not None else (None, 0)
+        entry, n_t, stored = store.match(prompt, usable) if store is not None else (None, 0, 0)
         n_t = min(n_t, limit)
         if entry is not None and not self._restorable(entry, n_t):
             entry, n_t = None, 0
@@ -138,7 +138,9 @@ class KvReuse:
                 n, kind = 0, "cold"
         req.seq = seq
         req.n_past = req.n_cached = n
-        req.checkpoint_at = self._checkpoint_at(prompt, n, live, seq) if self.checkpoints else 0
+        req.checkpoint_at = 0
+        if self.checkpoints:  # the longest prefix another sequence holds or a saved state shares
+            req.checkpoint_at = self._checkpoint_at(prompt, n, max(stored, self.pool.best_prefix(prompt, live)))
         req.cache_kind = kind if n > 0 else "cold"
         req.cache_miss = self._explain(req.session, prompt, n)
         self.hits[req.cache_kind] += 1
@@ -155,17 +157,12 @@ class KvReuse:
         found, n = self.store.find(prompt[:b])
         return found is None or not (n == found.n == b)
 
-    def _checkpoint_at(self, prompt: list[int], n: int, live: Live, seq: int) -> int:
-        """Where req's prefill should save a state for newcomers (0: nowhere): the longest prefix it
-        shares with another sequence's committed tokens or a saved state, where that is at least
-        MIN_CHECKPOINT beyond what it reused (so that one could not give it) and the tiers keep
-        states of that length."""
-        b = 0
-        for slot in self.pool.slots:
-            if slot.seq != seq:
-                toks = live[slot.seq][0][: live[slot.seq][1]] if slot.busy and slot.seq in live else slot.tokens
-                b = max(b, common_prefix(toks, prompt))
-        b = min(max(b, self.store.find(prompt)[1]), len(prompt) - 1)
+    def _checkpoint_at(self, prompt: list[int], n: int, shared: int) -> int:
+        """Where req's prefill should save a state for newcomers (0: nowhere): `shared`, the longest
+        prefix it shares with another sequence's committed tokens or a saved state, where that is
+        at least MIN_CHECKPOINT beyond what it reused (so that one could not give it) and the
+        tiers keep states of that length."""
+        b = min(shared, len(prompt) - 1)
         if b < n + MIN_CHECKPOINT or not self._new_checkpoint(prompt, b):
             return 0
         return b
@@ -175,12 +172,22 @@ class KvReuse:
         keep it as a checkpoint. A copy between KV buffers waits for the next decode, so one is run
         here: the prompt's next token, taken back at once. False when seq lost what it held."""
         e = self.engine
-        if not e.kv_unified:
-            if e.decode([prompt[n]], [n], [seq], [False]) != 0:
-                return True  # no checkpoint; the copy stands
-            if not e.seq_truncate(seq, n):
-                return False  # cannot happen: the token just added goes as it came
+        if not e.kv_unified and not self._make_copies(seq, prompt[n], n):
+            return e.seq_pos_min(seq) >= 0  # the decode failed: no checkpoint, the copy stands
         return self._save_checkpoint(seq, prompt[:n])
+
+    def _make_copies(self, seq: int, token: int, n: int) -> bool:
+        """Make now the copies between KV buffers that llama.cpp has queued (it makes them at the
+        next decode): decode seq's next token at n, where it holds n positions, and take it back.
+        False when the decode failed (nothing changed) or, the sequence then cleared, when the
+        token could not be taken back."""
+        e = self.engine
+        if e.decode([token], [n], [seq], [False]) != 0:
+            return False
+        if not e.seq_truncate(seq, n):  # cannot happen: the token just added goes as it came
+            e.seq_clear(seq)
+            return False
+        return True
 
     def checkpoint(self, req) -> None:
         """req's prefill reached req.checkpoint_at: its state there goes to the tiers. Where that
@@ -255,10 +262,8 @@ class KvReuse:
         e = self.engine
         t0 = time.perf_counter()
         ok = e.seq_relayout(seq)
-        if not ok and nxt is not None and e.seq_pos_min(seq) >= 0:
-            token, n = nxt
-            if e.decode([token], [n], [seq], [False]) == 0 and e.seq_truncate(seq, n):
-                ok = e.seq_relayout(seq)
+        if not ok and nxt is not None and e.seq_pos_min(seq) >= 0 and self._make_copies(seq, *nxt):
+            ok = e.seq_relayout(seq)
         self.relayout_ms_max = max(self.relayout_ms_max, (time.perf_counter() - t0) * 1000.0)
         if not ok:
             self.relayouts_failed += 1

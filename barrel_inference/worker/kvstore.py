@@ -145,19 +145,26 @@ class KvStore:
     def find(self, prompt, usable=None) -> tuple[Entry | None, int]:
         """The entry sharing the longest prefix with prompt, and that length; usable(entry, n): only
         entries that can be continued at their shared length n count."""
-        best, best_n = None, 0
+        best, best_n, _ = self.match(prompt, usable)
+        return best, best_n
+
+    def match(self, prompt, usable=None) -> tuple[Entry | None, int, int]:
+        """find's entry and length, and the longest prefix any entry shares with prompt (usable
+        or not), in one pass over the entries."""
+        best, best_n, shared = None, 0, 0
         with self._lock:
             entries = list(self._entries.values())
         if not entries:
-            return None, 0
+            return None, 0, 0
         prompt = prompt if isinstance(prompt, array) else array("i", prompt)
         for e in entries:
             n = common_prefix(e.tokens, prompt)
+            shared = max(shared, n)
             if usable is not None and n > 0 and not usable(e, n):
                 continue
             if n > best_n or (n == best_n and best is not None and n and e.data is not None and best.data is None):
                 best, best_n = e, n
-        return best, best_n
+        return best, best_n, shared
 
     def take(self, e: Entry) -> bytes | bytearray | None:
         """The state of an entry that is in RAM (marked used), else None."""
