@@ -118,7 +118,7 @@ RELOADABLE = ("aliases", "anthropic_api_keys", "api_keys", "metrics_require_key"
 
 # what a model gets where neither the operator nor its manifest says otherwise
 BUILTIN_MODEL_SETTINGS = ModelSettings(
-    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=256, extra_buffers="auto", flash_attn="auto",
+    n_seq_max=4, n_ctx=8192, n_batch=512, prefill_chunk=512, extra_buffers="auto", flash_attn="auto",
     queue_timeout_ms=60_000,
     max_retained_tokens=4096, kv_ram_bytes=1 << 30, kv_disk_bytes=4 << 30, kv_restore="exact", replicas=1,
     routing="affinity",

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from barrel_inference import hostinfo
+from barrel_inference.config import BUILTIN_MODEL_SETTINGS
 
 from . import build as buildmod
 from . import report, systems, workloads
@@ -373,7 +374,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--ctx", type=int, default=4096, help="context per sequence")
-    r.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick")
+    r.add_argument("--prefill-chunk", type=int, default=BUILTIN_MODEL_SETTINGS.prefill_chunk, help="ours: prompt tokens per scheduler tick")
     r.add_argument("--n-batch", type=int, default=512, help="llama.cpp n_batch = n_ubatch, for every system")
     r.add_argument("--kv-unified", choices=("true", "false"), default=None,
                    help="one KV buffer for all sequences (true) or one per sequence (false), for every system; default: each one\'s own")

@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from barrel_inference.config import BUILTIN_MODEL_SETTINGS
 from barrel_inference.worker.kvselftest import RESTORE_POLICIES
 
 from . import build as buildmod
@@ -323,7 +324,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--retained", type=int, default=3, help="(d): conversations whose caches stay behind")
     p.add_argument("--d-repeats", type=int, default=3, help="(d): long prompts, one after another (the median TTFT)")
     p.add_argument("--max-retained-tokens", type=int, default=None, help="ours: tokens idle sequences keep (default: the daemon's)")
-    p.add_argument("--prefill-chunk", type=int, default=256, help="ours: prompt tokens per scheduler tick beside running streams")
+    p.add_argument("--prefill-chunk", type=int, default=BUILTIN_MODEL_SETTINGS.prefill_chunk, help="ours: prompt tokens per scheduler tick beside running streams")
     p.add_argument("--idle-sequences", type=int, default=None,
                    help="ours: sequence ids beyond --parallel that hold idle caches (default: the daemon's, = --parallel)")
     p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every position, in every system")

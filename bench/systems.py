@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from barrel_inference.config import BUILTIN_MODEL_SETTINGS
 from barrel_inference.hostinfo import has_amx
 
 import aiohttp
@@ -46,7 +47,7 @@ class Shape:
     ctx_per_seq: int = 4096
     parallel: int = 16
     n_batch: int = 512
-    prefill_chunk: int = 256  # ours only: tokens of a new prompt per scheduler tick
+    prefill_chunk: int = BUILTIN_MODEL_SETTINGS.prefill_chunk  # ours only: tokens of a new prompt per scheduler tick
     n_gpu_layers: int | None = None  # layers on the GPU (-1 = all); None: each system's default (CPU builds: none)
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto / on / off (ours and llama-server)
     max_retained_tokens: int | None = None  # ours only: tokens idle sequences keep (None: the daemon's default)

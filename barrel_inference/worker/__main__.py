@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--n-ubatch", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--chat-template", default=None, help="a built-in template name or Jinja text")
     p.add_argument("--go-template", default=None,
                    help="an Ollama (Go text/template) model template, a Modelfile's TEMPLATE: rendered instead of --chat-template")

@@ -35,7 +35,7 @@ def first_chunk(prefill_chunk: int, n_decode: int, unified: bool) -> int:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 256, log=None,
+    def __init__(self, engine: Engine, emit: Emit, *, n_ctx: int, prefill_chunk: int = 512, log=None,
                  reuse: KvReuse | None = None, tail_grace_s: float = 0.0):  # fmt: skip
         self.engine = engine
         self.emit = emit

@@ -48,7 +48,7 @@ IDLE_POLL_MS = 200
 
 class WorkerServer:
     def __init__(self, engine: Engine, template: ChatTemplate, *, model: str, bind: str,
-                 n_ctx: int, prefill_chunk: int = 256, log=None, tools=None, engine_info: EngineInfo | None = None,
+                 n_ctx: int, prefill_chunk: int = 512, log=None, tools=None, engine_info: EngineInfo | None = None,
                  curve: tuple[str, str] | None = None, insecure: bool = False,
                  content_special: bool = False, prep_threads: int = 2,
                  max_retained_tokens: int | None = None, kv_ram_bytes: int = 0, kv_disk_bytes: int = 0,

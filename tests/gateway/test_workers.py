@@ -69,7 +69,7 @@ def test_engine_options_precedence():
     assert opts.n_batch == 512  # the operator's [defaults] beat what the scan derived
     assert opts.n_ubatch == 1024  # which still fills what the operator left unset
     assert opts.n_seq_max == 8  # the operator's per-model section beats everything
-    assert opts.prefill_chunk == 256  # built-in, set by nobody else
+    assert opts.prefill_chunk == 512  # built-in, set by nobody else
     # the loader's n_ctx (the model's own context) caps n_ctx whatever set it
     assert engine_options(Settings(), StubRecord("x:1", loader={"n_ctx": 2048})).n_ctx == 2048
     assert engine_options(Settings(), StubRecord("x:1", loader={"n_ctx": 32768})).n_ctx == 8192
