@@ -320,6 +320,39 @@ def test_a_prefill_chunk_fills_the_batch_to_a_whole_chunk_of_rows(unified, rows,
     assert c.done()["long"].usage.prompt_tokens == 200
 
 
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_finished_turns_last_token_stays_out_of_another_prompts_batch_with_a_buffer_per_sequence(unified):
+    """A's last token waits (a grace) when B arrives. With a KV buffer per sequence it would be a
+    pass of its own in B's prompt batch, before B's first token: it waits for B's decode rows
+    instead, and still enters A's cache, so A's next turn reuses prompt and completion. With one
+    buffer it rides in B's first batch (one row more in the same pass)."""
+    eng = RecordingEngine(n_seq_max=4, tps=1000)
+    eng.kv_unified = unified
+    with Running(eng, prefill_chunk=64) as (s, c):
+        s.tail_grace_s = 1.0  # A's tail would wait this long for work to ride along with
+        first = "alpha asks a question"
+        s.submit(make_request(eng, "a1", first, max_tokens=4, session="A"))
+        c.wait(["a1"])
+        a_seq = eng.batches[0][0][0]
+        assert s.stats()["tails_pending"] == 1
+        n_before = len(eng.batches)
+        s.submit(make_request(eng, "b1", "bravo has a longer question of its own", max_tokens=6, session="B"))
+        c.wait(["b1"])
+        deadline = time.monotonic() + 10
+        while s.stats()["tails_pending"] and time.monotonic() < deadline:  # (no event tells of it)
+            time.sleep(0.01)
+        n_after = len(eng.batches)
+        s.submit(make_request(eng, "a2", first + c.text("a1") + " and then", max_tokens=2, session="A"))
+        c.wait(["a2"])
+    b_batches = [seqs for seqs, _ in eng.batches[n_before:n_after]]
+    prompt = [seqs for seqs in b_batches if len(seqs) > 2]  # B's prompt batch, with A's tail or not
+    assert len(prompt) == 1
+    assert (a_seq in prompt[0]) is unified, prompt
+    assert sum(seqs.count(a_seq) for seqs in b_batches) == 1  # the tail went in once, with B's rows
+    assert c.done()["a2"].usage.cached_tokens == len(first) + 4  # prompt and every generated token
+    assert s.n_tails_folded == 0
+
+
 def test_split_layout_sorts_rows_by_sequence_and_gives_prompts_equal_chunks():
     """With a KV buffer per sequence llama.cpp decodes a run of consecutive sequence ids with
     equally many rows each in one pass: every batch comes in sequence order, the prompts that
