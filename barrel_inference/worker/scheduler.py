@@ -62,7 +62,8 @@ class Scheduler:
         # long for other work to ride along with; a next turn of the same conversation arriving
         # meanwhile takes the token in its own first prompt batch instead (it is the first token of
         # its prompt past the cache), so a client that sends its next turn at once does not wait
-        # for a decode of its own: that turn reuses one token less (the count says so).
+        # for a decode of its own: that turn reuses one token less (the count says so). With a KV
+        # buffer per sequence it rides only in batches without prompt rows (_hold_tails).
         self.tail_grace_s = max(0.0, tail_grace_s)
         self.n_tails_folded = 0
 
