@@ -429,6 +429,7 @@ class Scheduler:
         if tail:
             r.phase = Phase.TAIL
             r.t_tail = time.perf_counter()
+            self.pool.finishing(r.seq)  # no longer a running neighbour for where newcomers go
         elif r.seq >= 0:
             keep = (r.prompt + r.history)[: r.n_past] if reason is not FinishReason.ERROR else None
             self.reuse.release(r, keep)

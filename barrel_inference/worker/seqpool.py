@@ -20,8 +20,10 @@ There may be more sequences than run at once (`max_busy`): the others hold idle 
 conversations than running requests keep their cells between turns.
 
 `neighbours`: with a KV buffer per sequence llama.cpp decodes each run of consecutive running
-sequence ids as a pass of its own, so an empty sequence next to a busy one is taken first, and a
-cache chosen away from the busy ones (a session's own) is copied into such a sequence if there is one.
+sequence ids as a pass of its own, so an empty sequence next to a running one is taken first, and a
+cache chosen away from the running ones (a session's own) is copied into such a sequence if there is
+one. A sequence whose request is only finishing (`finishing`: its last token still to enter the
+cache, one row, then it is idle) does not count as running.
 
 Pins: a request may ask that its cache be kept for a while (Submit.pin_ttl_s, from Anthropic's
 cache_control). A pinned sequence is not dropped by retention (`over_retention`) before its pin
@@ -46,6 +48,7 @@ class Slot:
     last_used: int = 0
     pin_until: float = 0.0  # clock time until which retention keeps this cache (0: not pinned)
     released_tick: int = -1  # the scheduler round in which it was last released
+    finishing: bool = False  # busy only until its request's last token enters the cache (a tail)
 
 
 @dataclass
@@ -140,7 +143,7 @@ class SeqPool:
                 else:
                     target = min(free, key=lambda s: (self.pinned(s), s.last_used, len(s.tokens)))
                 kind = "prefix"
-        if target.tokens and not self._next_to_busy(target) and any(s.busy for s in self.slots):
+        if target.tokens and not self._next_to_busy(target) and any(self._running(s) for s in self.slots):
             # a cache away from the running sequences is copied next to them (a buffer copy costs
             # less than a decode pass more for every token of the request)
             near = [s for s in free if not s.tokens and self._next_to_busy(s)]
@@ -172,15 +175,24 @@ class SeqPool:
             target.session = session
             self._by_session[session] = target
         target.busy = True
+        target.finishing = False
         target.tokens = []
         target.last_used = self._clock
         return plan
+
+    def finishing(self, seq: int) -> None:
+        """seq's request is answered; only its last token is still to enter the cache."""
+        self.slots[seq].finishing = True
+
+    @staticmethod
+    def _running(slot: Slot) -> bool:
+        return slot.busy and not slot.finishing
 
     def _next_to_busy(self, slot: Slot) -> bool:
         if not self.neighbours:
             return True  # no preference: every empty sequence is as good
         near = (self.slots[i] for i in (slot.seq - 1, slot.seq + 1) if 0 <= i < len(self.slots))
-        return any(s.busy for s in near)
+        return any(self._running(s) for s in near)
 
     def release(self, seq: int, tokens: list[int] | None, pin_ttl_s: float = 0.0) -> bool:
         """The request on seq ended; tokens: what its KV cache now holds (None: unknown). pin_ttl_s:
@@ -190,6 +202,7 @@ class SeqPool:
         """
         slot = self.slots[seq]
         slot.busy = False
+        slot.finishing = False
         self._clock += 1
         slot.last_used = self._clock
         slot.released_tick = self.tick

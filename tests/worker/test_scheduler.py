@@ -353,6 +353,34 @@ def test_a_finished_turns_last_token_stays_out_of_another_prompts_batch_with_a_b
     assert s.n_tails_folded == 0
 
 
+def test_a_conversation_stays_on_its_sequence_while_another_ones_last_token_waits():
+    """With a buffer per sequence a cache away from the running sequences is copied next to them.
+    A sequence whose request only has its last token to put in the cache is not running: A's next
+    turn stays on its own sequence (no copy of the whole conversation) while B's token waits."""
+    eng = RecordingEngine(n_seq_max=3, n_seq_idle=2, tps=1000)
+    eng.kv_unified = False
+    with Running(eng, prefill_chunk=64) as (s, c):
+        s.tail_grace_s = 1.0
+
+        def turn(rid, session, prompt, settle=True):
+            s.submit(make_request(eng, rid, prompt, max_tokens=4, session=session))
+            c.wait([rid])
+            deadline = time.monotonic() + 10
+            while settle and s.stats()["tails_pending"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        first = "alpha asks a question"
+        turn("a1", "A", first)
+        turn("c1", "C", "charlie says something else")
+        turn("d1", "D", "delta says something different")
+        turn("b1", "B", "bravo has a question too", settle=False)  # its last token waits (the grace)
+        assert s.stats()["tails_pending"] == 1
+        turn("a2", "A", first + c.text("a1") + " and then")
+    assert c.done()["a2"].cache.kind == "sticky", c.done()["a2"].cache
+    assert s.pool.session_seq("A") == 0  # where its first turn went
+    assert c.done()["a2"].usage.cached_tokens == len(first) + 4
+
+
 def test_split_layout_sorts_rows_by_sequence_and_gives_prompts_equal_chunks():
     """With a KV buffer per sequence llama.cpp decodes a run of consecutive sequence ids with
     equally many rows each in one pass: every batch comes in sequence order, the prompts that

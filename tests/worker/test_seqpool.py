@@ -217,3 +217,22 @@ def test_with_a_buffer_per_sequence_a_session_cache_away_from_the_running_ones_i
     else:
         assert (plan.seq, plan.kind, plan.keep) == (0, "sticky", 4)
     assert pool.session_seq("S") == plan.seq
+
+
+@pytest.mark.parametrize("finishing, want", [(False, (2, "copy")), (True, (0, "sticky"))])
+def test_a_sequence_only_finishing_its_last_token_is_not_a_running_neighbour(finishing, want):
+    """3's request is answered and only its last token is still to enter the cache: it is idle a
+    row later, so S's cache at 0 stays where it is rather than being copied next to 3 (a copy of
+    the whole conversation, and a checkpoint of it, for nothing)."""
+    pool = SeqPool(4, neighbours=True)
+    conv = [BOS, 5, 6, 7]
+    assert [pool.acquire("S", conv).seq] + [pool.acquire(None, [BOS, 50 + i]).seq for i in range(3)] == [0, 1, 2, 3]
+    pool.release(0, conv)
+    assert pool.release(1, None) and pool.release(2, None)
+    if finishing:
+        pool.finishing(3)
+    plan = pool.acquire("S", conv + [8, 9])
+    assert (plan.seq, plan.kind) == want
+    assert pool.slots[3].busy  # still busy until its last token is in
+    pool.release(3, [BOS, 53, 1])
+    assert not pool.slots[3].finishing
