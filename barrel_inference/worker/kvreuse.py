@@ -86,9 +86,7 @@ class KvReuse:
         store, e = self.store, self.engine
         usable = lambda en, k: self._restorable(en, min(k, limit))  # noqa: E731
         entry, n_t, stored = store.match(prompt, usable) if store is not None else (None, 0, 0)
-        n_t = min(n_t, limit)
-        if entry is not None and not self._restorable(entry, n_t):
-            entry, n_t = None, 0
+        n_t = min(n_t, limit)  # (match returns only an entry usable there)
         if entry is not None and entry.data is None and not req.parked:
             if n_t >= self.pool.best_prefix(prompt, live, e.can_share) + MIN_LOAD_GAIN and store.load(entry):
                 req.parked = True
