@@ -64,6 +64,13 @@ def make_request(engine, rid, prompt, *, max_tokens=16, stop=(), session=None, t
                    session=session, stop=list(stop), ignore_eos=True, want_tokens=True, piece=engine.piece)  # fmt: skip
 
 
+def settle_tails(s, timeout=10.0):
+    """Wait until every finished request's last token is in its cache (no event tells of it)."""
+    deadline = time.monotonic() + timeout
+    while s.stats()["tails_pending"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class Running:
     """Context manager: a started scheduler with a collector."""
 

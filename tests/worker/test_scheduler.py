@@ -9,7 +9,7 @@ from barrel_inference.protocol import FinishReason
 from barrel_inference.worker.fake import TEXT, FakeEngine
 from barrel_inference.worker.request import Phase
 
-from .harness import Running, make_request
+from .harness import Running, make_request, settle_tails
 
 
 class RecordingEngine(FakeEngine):
@@ -338,9 +338,7 @@ def test_a_finished_turns_last_token_stays_out_of_another_prompts_batch_with_a_b
         n_before = len(eng.batches)
         s.submit(make_request(eng, "b1", "bravo has a longer question of its own", max_tokens=6, session="B"))
         c.wait(["b1"])
-        deadline = time.monotonic() + 10
-        while s.stats()["tails_pending"] and time.monotonic() < deadline:  # (no event tells of it)
-            time.sleep(0.01)
+        settle_tails(s)
         n_after = len(eng.batches)
         s.submit(make_request(eng, "a2", first + c.text("a1") + " and then", max_tokens=2, session="A"))
         c.wait(["a2"])
@@ -365,9 +363,8 @@ def test_a_conversation_stays_on_its_sequence_while_another_ones_last_token_wait
         def turn(rid, session, prompt, settle=True):
             s.submit(make_request(eng, rid, prompt, max_tokens=4, session=session))
             c.wait([rid])
-            deadline = time.monotonic() + 10
-            while settle and s.stats()["tails_pending"] and time.monotonic() < deadline:
-                time.sleep(0.01)
+            if settle:
+                settle_tails(s)
 
         first = "alpha asks a question"
         turn("a1", "A", first)
